@@ -1,0 +1,104 @@
+"""TrainBatch: what the loop hands the learner, and its packing into padded, bucketed arrays.
+
+Sequences are prompt + completion, right-padded to a multiple of `bucket` tokens so the jitted step sees few
+distinct shapes. Arrays are laid out for next-token prediction: position t predicts token t+1, so
+`targets[:, t] = tokens[:, t + 1]` and the completion mask, engine logprobs and advantages sit at the position
+that *predicts* each completion token. Loss is only ever taken on completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One GRPO batch: B samples, ragged token lists, the engine's per-token logprobs and sampling transform."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    engine_logprobs: list[list[float]]
+    rewards: np.ndarray  # [B]
+    group_ids: np.ndarray  # [B]; samples of one prompt share an id
+    temperature: float = 1.0
+    top_k: int = 0  # <= 0: off
+    top_p: float = 1.0  # >= 1: off
+    min_p: float = 0.0  # <= 0: off
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_ids)
+        sizes = {
+            "completion_ids": len(self.completion_ids),
+            "engine_logprobs": len(self.engine_logprobs),
+            "rewards": len(self.rewards),
+            "group_ids": len(self.group_ids),
+        }
+        bad = {k: v for k, v in sizes.items() if v != n}
+        if bad:
+            raise ValueError(f"TrainBatch has {n} prompts but {bad}: every field needs one entry per sample")
+        for i, (c, lp) in enumerate(zip(self.completion_ids, self.engine_logprobs)):
+            if len(c) != len(lp):
+                raise ValueError(
+                    f"TrainBatch sample {i}: {len(c)} completion tokens but {len(lp)} engine logprobs; "
+                    "request one logprob per sampled token"
+                )
+            if not self.prompt_ids[i]:
+                raise ValueError(f"TrainBatch sample {i} has an empty prompt: the first completion token needs context")
+        if self.temperature <= 0:
+            raise ValueError(
+                f"TrainBatch.temperature={self.temperature}: greedy samples have no usable logprobs; sample with T > 0"
+            )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Padded [B, L] arrays (numpy) ready to slice into micro-batches and put on the mesh."""
+
+    tokens: np.ndarray  # int32 [B, L] input tokens
+    targets: np.ndarray  # int32 [B, L] tokens[t + 1] (0 past the end)
+    valid: np.ndarray  # bool [B, L] real (non-pad) input positions
+    loss_mask: np.ndarray  # float32 [B, L] 1 where targets[t] is a completion token
+    engine_logprobs: np.ndarray  # float32 [B, L] engine logprob of targets[t] (0 where masked)
+    advantages: np.ndarray  # float32 [B] per-sequence advantage
+
+
+def bucket_length(n: int, bucket: int) -> int:
+    """Round a length up to a multiple of `bucket` (at least one bucket)."""
+    return max(bucket, -(-n // bucket) * bucket)
+
+
+def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | None = None) -> PackedBatch:
+    """Right-pad prompt+completion to a bucketed length; add all-masked rows up to `rows` (fixed batch shapes)."""
+    n = len(batch)
+    rows = n if rows is None else rows
+    if rows < n:
+        raise ValueError(f"pack: rows={rows} < batch size {n}")
+    # One token fewer than the sequence: the last token predicts nothing we train on.
+    length = bucket_length(max(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)), bucket)
+    tokens = np.zeros((rows, length), np.int32)
+    targets = np.zeros((rows, length), np.int32)
+    valid = np.zeros((rows, length), bool)
+    loss_mask = np.zeros((rows, length), np.float32)
+    engine_lp = np.zeros((rows, length), np.float32)
+    adv = np.zeros((rows,), np.float32)
+    for i, (p, c, lp) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs)):
+        seq = np.asarray(list(p) + list(c), np.int32)
+        tokens[i, : len(seq)] = seq
+        targets[i, : len(seq) - 1] = seq[1:]
+        valid[i, : len(seq)] = True
+        # Completion token j sits at sequence index len(p) + j and is predicted from index len(p) + j - 1.
+        lo, hi = len(p) - 1, len(p) - 1 + len(c)
+        loss_mask[i, lo:hi] = 1.0
+        engine_lp[i, lo:hi] = np.asarray(lp, np.float32)
+        adv[i] = advantages[i]
+    return PackedBatch(tokens, targets, valid, loss_mask, engine_lp, adv)
+
+
+def slice_rows(packed: PackedBatch, rows: np.ndarray | slice) -> PackedBatch:
+    """The same arrays restricted to some rows (a mini- or micro-batch)."""
+    return PackedBatch(*(getattr(packed, f)[rows] for f in PackedBatch.__dataclass_fields__))

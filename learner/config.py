@@ -1,0 +1,136 @@
+"""The learner's typed config: mesh, device slice, resources, LoRA, optimizer and GRPO options.
+
+The learner receives only this sub-tree (`Learner(cfg.learner, model_path)`). Defaults are the CPU demo's
+(SmolLM2-135M, fp32, one device); a TPU slice changes `devices`, `mesh`, `resources` and `param_dtype` only.
+Importing this module never imports JAX, so config errors are instant.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class DevicesConfig(Strict):
+    offset: int = Field(0, ge=0)
+    """Index of the learner's first device in `jax.devices()`; the rollout engine may own the ones before it."""
+    count: int = Field(-1, ge=-1)
+    """How many devices from `offset` the learner owns; -1 = all the rest."""
+
+
+class MeshConfig(Strict):
+    axis_names: tuple[str, ...] = ("fsdp", "tp")
+    """Mesh axis names. Tunix's sharding rules name 'fsdp' (params and batch) and 'tp' (heads/hidden), so both
+    must be present; extra axes get size 1 unless set."""
+    axis_sizes: tuple[int, ...] = (-1, 1)
+    """One size per axis; one of them may be -1 = the devices left over."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MeshConfig:
+        if len(self.axis_names) != len(self.axis_sizes):
+            raise ValueError(f"mesh.axis_names {self.axis_names} and mesh.axis_sizes {self.axis_sizes} differ in length")
+        missing = {"fsdp", "tp"} - set(self.axis_names)
+        if missing:
+            raise ValueError(f"mesh.axis_names {self.axis_names} lacks {sorted(missing)}: Tunix's models shard on them")
+        if sum(s == -1 for s in self.axis_sizes) > 1 or any(s == 0 or s < -1 for s in self.axis_sizes):
+            raise ValueError(f"mesh.axis_sizes {self.axis_sizes}: sizes are >= 1 with at most one -1")
+        return self
+
+
+class ResourcesConfig(Strict):
+    num_cpus: float = Field(1, ge=0)
+    """CPUs Ray reserves for the learner actor."""
+    num_gpus: float = Field(0, ge=0)
+    """GPUs Ray reserves for the learner actor."""
+    tpu: int = Field(0, ge=0)
+    """TPU chips reserved (Ray custom resource "TPU"); inside the actor `jax.devices()` are then those chips."""
+
+
+class LoraConfig(Strict):
+    rank: int = Field(16, ge=1)
+    """LoRA rank r."""
+    alpha: float = Field(32.0, gt=0)
+    """LoRA alpha; the update is scaled by alpha / rank (PEFT's convention, exported as lora_alpha)."""
+    target_modules: tuple[str, ...] = LLAMA_PROJECTIONS
+    """HF projection names that get LoRA (PEFT's target_modules)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraConfig:
+        unknown = set(self.target_modules) - set(LLAMA_PROJECTIONS)
+        if unknown or not self.target_modules:
+            raise ValueError(f"lora.target_modules {self.target_modules}: choose among {list(LLAMA_PROJECTIONS)}")
+        return self
+
+
+class OptimizerConfig(Strict):
+    lr: float = Field(2e-5, gt=0)
+    """AdamW learning rate (after warm-up)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up, in optimizer updates."""
+    b1: float = Field(0.9, ge=0, lt=1)
+    b2: float = Field(0.99, ge=0, lt=1)
+    """Adam second-moment decay; 0.99 is common in RL (few, noisy updates)."""
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay on the LoRA weights."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; None = no clipping."""
+
+
+class GrpoConfig(Strict):
+    std_normalize: bool = True
+    """Divide group-centred rewards by the group std (GRPO); False = Dr. GRPO (mean-centred only)."""
+    clip_eps_low: float = Field(0.2, ge=0, lt=1)
+    """PPO ratio clip below: 1 - clip_eps_low."""
+    clip_eps_high: float = Field(0.28, ge=0)
+    """PPO ratio clip above: 1 + clip_eps_high (DAPO clip-higher; set equal to clip_eps_low for plain PPO)."""
+    kl_beta: float = Field(0.0, ge=0)
+    """KL-to-reference coefficient; 0 = no reference forward at all."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number: over all tokens, per sequence then over sequences, or token
+    sums divided by a constant (`norm_tokens`) per sequence (Dr. GRPO, no length bias)."""
+    norm_tokens: int = Field(1024, ge=1)
+    """The constant of seq-mean-token-sum-norm (usually the generation budget, max_tokens)."""
+    is_cap: float | None = Field(2.0, gt=0)
+    """Truncated importance sampling against the engine: per-token weight min(pi_learner / pi_engine, is_cap);
+    None = no correction (the mismatch is still reported)."""
+    engine_logprobs: Literal["processed", "raw"] = "processed"
+    """What the batch's engine logprobs are: 'processed' = after temperature and top-k/top-p/min-p (vLLM
+    --logprobs-mode processed_logprobs; the sampling distribution), 'raw' = the untempered model distribution."""
+    epochs: int = Field(1, ge=1)
+    """Passes over each batch (GRPO's mu); > 1 costs one extra forward for the old logprobs."""
+    mini_batch_size: int | None = Field(None, ge=1)
+    """Sequences per optimizer update; None = the whole batch (one update per epoch)."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Sequences per forward/backward (gradient accumulation within a mini-batch); bounds memory."""
+
+
+class LearnerConfig(Strict):
+    devices: DevicesConfig = DevicesConfig()
+    """Which slice of `jax.devices()` the learner owns."""
+    mesh: MeshConfig = MeshConfig()
+    """Mesh over that slice."""
+    resources: ResourcesConfig = ResourcesConfig()
+    """What Ray reserves for the learner actor."""
+    lora: LoraConfig = LoraConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    grpo: GrpoConfig = GrpoConfig()
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the base weights and LoRA weights (float32 on CPU: bf16 is slow there and causes logit ties)."""
+    seq_bucket: int = Field(64, ge=1)
+    """Padded sequence lengths are multiples of this, so jit compiles once per bucket, not per batch."""
+    remat: bool = False
+    """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
+    checkpoint_keep: int = Field(3, ge=1)
+    """Keep the last N checkpoints."""
+    seed: int = 0
+    """Seeds LoRA initialisation and the learner's RNG (saved in checkpoints)."""

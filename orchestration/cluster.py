@@ -1,0 +1,54 @@
+"""Join or start Ray, and start the run's two actors: the rollout server and the learner.
+
+On a TPU VM each actor asks for its own chips through Ray's `TPU` resource (from its sub-config), so the learner
+and the engine never share a device; here on CPU they are two processes with logical CPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import ray
+
+from orchestration.config import RayConfig, RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def connect(cfg: RunConfig) -> bool:
+    """Join the configured cluster, the `ray job submit` cluster (RAY_ADDRESS), or start a private local one.
+
+    Returns True when this process started the cluster (and so should shut it down).
+    """
+    ray_cfg: RayConfig = cfg.ray
+    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        log.info("joined Ray cluster at %s", address)
+        return False
+    # address="local" always starts a new cluster: a bare ray.init() would silently attach to any cluster already
+    # running on this machine without shipping our code to it.
+    needed = cfg.rollout.resources.num_cpus + cfg.learner.resources.num_cpus
+    num_cpus = ray_cfg.num_cpus or max(int(needed) + 1, os.cpu_count() or 1)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    log.info("started a local Ray cluster (%d logical CPUs)", num_cpus)
+    return True
+
+
+def start_learner(cfg: RunConfig, checkpoint_dir: Path):
+    """The learner actor; its model loads in the background while the rollout server starts."""
+    from learner.actor import LearnerActor
+
+    return LearnerActor.create(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
+
+
+def start_rollout(cfg: RunConfig):
+    """The rollout server behind its Ray actor; blocks until the engine answers /health."""
+    from rollout.handle import Rollout
+
+    rollout = Rollout(cfg.rollout, cfg.model.resolved_path)
+    base_url = rollout.start()
+    log.info("rollout server (%s) ready at %s", cfg.rollout.backend.kind, base_url)
+    return rollout

@@ -1,0 +1,36 @@
+"""Turn task prompts into token ids for the engine, with the model's own tokenizer and chat template.
+
+The engine takes token ids, not text, so the learner trains on exactly the ids that were sampled from (no
+re-tokenisation drift between what the engine saw and what the learner scores).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestration.data import Prompt
+
+
+class PromptRenderer:
+    """Chat prompts go through the tokenizer's chat template; base prompts are encoded as they are."""
+
+    def __init__(self, model_path: Path):
+        from transformers import AutoTokenizer  # tokenizers only: no torch needed
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.eos_token_id = self.tokenizer.eos_token_id
+
+    def text(self, prompt: Prompt) -> str:
+        if prompt.messages is not None:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(f"{prompt.uid}: data.template is 'chat' but the tokenizer has no chat template; "
+                                 "set data.template: base for a base model")
+            return self.tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True,
+                                                      tokenize=False)
+        if prompt.text is None:
+            raise ValueError(f"{prompt.uid}: prompt has neither messages nor text")
+        return prompt.text
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        # The chat template already contains any special tokens the model expects.
+        return list(self.tokenizer.encode(self.text(prompt), add_special_tokens=False))

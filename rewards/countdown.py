@@ -1,0 +1,62 @@
+"""Countdown reward: does the equation in `<answer>` use each given number once and hit the target?
+
+Semantics follow TinyZero's `countdown.compute_score` (github.com/Jiayi-Pan/TinyZero): 0.0 without an answer block;
+otherwise the last block is judged, and a well-formed attempt that fails earns a small format score (0.1) so that a
+fresh model first learns to answer at all. Unlike TinyZero nothing is `eval`ed (see `rewards.arithmetic`), and the
+completion is scored as is (TinyZero first cut at "Assistant:", because its input included the prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+from rewards import arithmetic
+from rewards.tags import last_block
+from rewards.types import Sample
+
+FORMAT_SCORE = 0.1
+CORRECT_SCORE = 1.0
+TOLERANCE = 1e-5
+
+
+def score(
+    completion: str,
+    numbers: Sequence[int],
+    target: int,
+    format_score: float = FORMAT_SCORE,
+    correct_score: float = CORRECT_SCORE,
+    answer_tag: str = "answer",
+) -> float:
+    """0.0 without `<answer>`; `format_score` for a wrong, unparsable or number-misusing equation; else `correct_score`."""
+    equation = last_block(completion, answer_tag)
+    if equation is None:
+        return 0.0
+    try:
+        tree = arithmetic.parse(equation.strip())
+        if sorted(arithmetic.literals(tree)) != sorted(numbers):
+            return format_score
+        value = arithmetic.evaluate(tree)
+    except arithmetic.ExpressionError:
+        return format_score
+    return correct_score if abs(value - target) < TOLERANCE else format_score
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class CountdownReward:
+    """`score` as a RewardFn; reads `numbers` and `target` from the sample's reference."""
+
+    __name__: ClassVar[str] = "countdown"
+    format_score: float = Field(FORMAT_SCORE, ge=0.0, le=1.0)
+    """Score of a completion that has an answer block but not a correct equation."""
+    correct_score: float = Field(CORRECT_SCORE, ge=0.0)
+    """Score of a correct equation."""
+    answer_tag: str = Field("answer", min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
+    """Tag name of the answer block (`<answer>...</answer>`)."""
+
+    def __call__(self, sample: Sample) -> float:
+        ref = sample.reference
+        return score(sample.completion, ref["numbers"], ref["target"], self.format_score, self.correct_score, self.answer_tag)

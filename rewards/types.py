@@ -1,0 +1,32 @@
+"""What a reward sees and what a reward is.
+
+A reward is a pure, deterministic, picklable callable on one `Sample`: the loop may run it on the driver or ship it
+to any Ray worker, so it must not close over unpicklable state or import heavy frameworks. The completion is model
+output and therefore hostile input: rewards parse it, never execute it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion to score, with the task data its reward needs."""
+
+    prompt: str
+    """Rendered prompt text; only used to make error messages findable."""
+    completion: str
+    """Model output text (hostile)."""
+    reference: Mapping[str, Any] = field(default_factory=dict)
+    """Task data: countdown {"numbers": [...], "target": int}; math {"answer": "42"}."""
+
+
+class RewardFn(Protocol):
+    """A reward: pure, deterministic, picklable; `__name__` is its metric name (`reward/<name>`)."""
+
+    __name__: str
+
+    def __call__(self, sample: Sample) -> float: ...

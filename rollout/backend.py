@@ -1,0 +1,71 @@
+"""The contract every rollout engine implements, and the factory that picks one from `backend.kind`.
+
+A backend has two halves:
+- control plane (process side, lives in the RolloutServer actor): start/stop the server process, liveness, log
+  tail, load/unload a LoRA adapter from a local folder;
+- wire format (pure, usable on an unstarted backend, so the driver-side client can use it): the request payload for
+  a prompt and how a response choice maps to token ids and logprobs.
+The data plane (sending generate requests) is `rollout.client.RolloutClient`, shared by all backends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from rollout.config import BackendConfig
+from rollout.types import SamplingParams
+
+
+class RolloutBackend(Protocol):
+    """One inference server process and its wire format."""
+
+    base_url: str | None
+    """http://host:port of the running server; None before start()."""
+
+    def start(self) -> str:
+        """Launch the server, block until healthy, return base_url; raise with the server's log tail on failure."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the server and all its children; idempotent."""
+        ...
+
+    def is_alive(self) -> bool:
+        """Whether the process runs and answers its health check."""
+        ...
+
+    def pid(self) -> int | None:
+        """Process (group) id of the server, None when not started."""
+        ...
+
+    def log_tail(self, n: int = 50) -> str:
+        """The last n lines of the server's log."""
+        ...
+
+    def load_lora(self, name: str, path: Path) -> None:
+        """Register the PEFT adapter in `path` under `name` (replacing one of that name); later requests may use it."""
+        ...
+
+    def unload_lora(self, name: str) -> None:
+        """Unregister an adapter; its folder may be deleted afterwards (not before: the engine re-reads it)."""
+        ...
+
+    def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
+        """The completions request body for one prompt (n samples), with the engine's quirks applied."""
+        ...
+
+    def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
+        """(completion token ids, sampled-token logprobs, extra detail) of one response choice."""
+        ...
+
+
+def setup_backend(cfg: BackendConfig, model_path: Path) -> RolloutBackend:
+    """The backend for `cfg.kind`, not started."""
+    match cfg.kind:
+        case "vllm":
+            from rollout.vllm_server import VllmBackend
+
+            return VllmBackend(cfg, model_path)
+        case _:  # unreachable while the union validates `kind`; kept for the next engine
+            raise ValueError(f"rollout.backend.kind {cfg.kind!r} has no backend; use 'vllm'")

@@ -1,0 +1,106 @@
+"""What goes into the engine and what comes back: `SamplingParams` and `Completion`.
+
+`SamplingParams` is the one typed object for every sampling knob the engine has. Each field has our default and
+`to_payload()` sends all of them explicitly, so nothing is silently inherited from the model's
+`generation_config.json` (vLLM applies it to any field a request leaves out). Mistakes are caught here, before a
+request is sent, with a one-line message that says what to change (e.g. `n > 1` at temperature 0, which the server
+would answer with a 400 in the middle of a training step).
+
+Only pydantic and the standard library are imported: this module runs in the driver, the actor and the learner env.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Keys the client owns in a request; `extra` must not override them or responses stop matching what we parse.
+_CLIENT_KEYS = frozenset({"model", "prompt", "stream", "return_token_ids", "cache_salt", "echo"})
+
+
+class SamplingParams(BaseModel):
+    """Every sampling knob of the engine, with our defaults; frozen and validated on construction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability mass reaches top_p (1.0 = off)."""
+    top_k: int = -1
+    """Keep only the k most likely tokens (-1 = off)."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """Drop tokens whose probability is below min_p times the most likely token's (0 = off)."""
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    """Multiplicative penalty on tokens already in the prompt or completion (1.0 = off, > 1 discourages)."""
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """Additive penalty on tokens already generated, once per token (0 = off)."""
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """Additive penalty on tokens already generated, proportional to their count (0 = off)."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a completion; the stop string itself is not part of the returned text."""
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Token ids that end a completion (in addition to the model's eos unless ignore_eos)."""
+    seed: int | None = None
+    """Per-request seed; reproduces a request sent alone (not one batched with other concurrent requests)."""
+    n: int = Field(1, ge=1)
+    """Samples per prompt (the GRPO group size)."""
+    max_tokens: int = Field(256, ge=1)
+    """Most tokens to generate per sample."""
+    min_tokens: int = Field(0, ge=0)
+    """Fewest tokens to generate before eos or stop_token_ids may end a sample."""
+    logprobs: int = Field(0, ge=0, le=20)
+    """Top alternatives to return per token; the sampled token's logprob is always returned (0 = only it)."""
+    ignore_eos: bool = False
+    """Keep generating past eos until max_tokens (benchmarks)."""
+    skip_special_tokens: bool = True
+    """Drop special tokens from the returned text (token ids are always complete)."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Engine-specific request fields passed through as-is, merged last into the payload."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplingParams:
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"sampling.n ({self.n}) > 1 with temperature 0 gives n identical greedy samples "
+                             "(and a 400 from vLLM); set temperature > 0 or n = 1")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"sampling.top_k ({self.top_k}) must be -1 (off) or >= 1")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"sampling.min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens}); "
+                             "lower min_tokens or raise max_tokens")
+        if any(s == "" for s in self.stop):
+            raise ValueError("sampling.stop contains an empty string, which would stop at once; remove it")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"sampling.stop_token_ids ({self.stop_token_ids}) must be token ids >= 0")
+        typed = set(type(self).model_fields) - {"extra"}
+        if clash := sorted(typed & set(self.extra)):
+            raise ValueError(f"sampling.extra sets {clash}, which are typed fields; set sampling.{clash[0]} instead")
+        if clash := sorted(_CLIENT_KEYS & set(self.extra)):
+            raise ValueError(f"sampling.extra sets {clash}, which the rollout client owns; remove them from extra")
+        return self
+
+    def to_payload(self) -> dict[str, Any]:
+        """Request fields for an OpenAI-style completions call: every field explicitly, `extra` merged last."""
+        payload = self.model_dump(exclude={"extra"})
+        payload.update(self.extra)
+        return payload
+
+
+@dataclass
+class Completion:
+    """One sample for one prompt, as the learner needs it."""
+
+    token_ids: list[int]
+    """Completion token ids (without the prompt), exactly as sampled; a final eos/stop token is included."""
+    logprobs: list[float]
+    """Engine logprob of each sampled token (same length as token_ids)."""
+    text: str
+    """Detokenised completion (stop strings removed; special tokens per skip_special_tokens)."""
+    finish_reason: str
+    """"stop" (eos, stop string or stop token) or "length" (max_tokens)."""
+    adapter_version: int | None = None
+    """LoRA version that produced it; None = base model."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine detail not needed by the learner (e.g. stop_reason, top logprobs)."""

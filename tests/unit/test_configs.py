@@ -1,0 +1,77 @@
+"""Every shipped config validates; config mistakes come back as one readable line each, with exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestration.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+DEMO = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
+
+
+def test_shipped_configs_exist():
+    names = {p.name for p in CONFIGS}
+    assert {"countdown_smollm2_cpu.yaml", "math_smollm2_cpu.yaml"} <= names, f"missing demo configs: {names}"
+    assert any("tpu" in n for n in names), "no TPU config shipped"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.group_size >= 2
+
+
+def test_overrides_are_typed_and_reach_the_sampling_params():
+    cfg = load_config(DEMO, ["rollout.sampling.top_k=7", "rollout.sampling.stop=['</answer>', 'END']",
+                             "train.steps=3"])
+    assert cfg.rollout.sampling.top_k == 7
+    assert list(cfg.rollout.sampling.stop) == ["</answer>", "END"]
+    assert cfg.train.steps == 3
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, ["train.stpes=3"])
+    assert str(err.value) == "train.stpes: unknown key; did you mean 'steps'?"
+
+
+def test_unknown_nested_key_suggests_the_right_one():
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, ["rollout.sampling.temprature=0.5"])
+    assert "rollout.sampling.temprature: unknown key; did you mean 'temperature'?" == str(err.value)
+
+
+def test_bad_value_names_field_value_and_rule():
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, ["train.steps=-1"])
+    line = str(err.value)
+    assert line.startswith("train.steps: ") and "(got -1)" in line and "\n" not in line
+
+
+def test_group_of_one_is_rejected_with_the_reason():
+    with pytest.raises(ConfigError, match=r"rollout.sampling.n \(1\) must be >= 2"):
+        load_config(DEMO, ["rollout.sampling.n=1"])
+
+
+def test_override_without_equals_is_explained():
+    with pytest.raises(ConfigError, match="is not key=value"):
+        load_config(DEMO, ["train.steps"])
+
+
+def test_cli_config_error_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEMO.read_text() + "\nbogus_section: {a: 1}\n")
+    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--config", str(bad), "--run-dir", str(tmp_path / "run"),
+                           "train.steps=0"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "bogus_section: unknown key" in proc.stderr
+    assert "train.steps: Input should be greater than or equal to 1 (got 0)" in proc.stderr
+    assert not (tmp_path / "run").exists(), "a config error must not create a run directory"
