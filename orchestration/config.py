@@ -89,6 +89,28 @@ class RunConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def check_lora_fits_engine(self) -> "RunConfig":
+        backend = self.rollout.backend
+        if getattr(backend, "enable_lora", True) and self.learner.lora.rank > getattr(backend, "max_lora_rank", 1 << 30):
+            raise ValueError(
+                f"learner.lora.rank ({self.learner.lora.rank}) exceeds rollout.backend.max_lora_rank "
+                f"({backend.max_lora_rank}): the server would refuse the adapter; raise max_lora_rank or lower the rank"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_logprob_semantics(self) -> "RunConfig":
+        # The importance correction compares learner and engine logprobs of the same distribution.
+        mode = getattr(self.rollout.backend, "logprobs_mode", None)
+        want = {"processed": "processed_logprobs", "raw": "raw_logprobs"}[self.learner.grpo.engine_logprobs]
+        if mode is not None and mode != want:
+            raise ValueError(
+                f"rollout.backend.logprobs_mode ({mode}) does not match learner.grpo.engine_logprobs "
+                f"({self.learner.grpo.engine_logprobs}); set logprobs_mode: {want}"
+            )
+        return self
+
     @property
     def group_size(self) -> int:
         return self.rollout.sampling.n

@@ -132,15 +132,30 @@ def log_samples(run_dir: Path, r: Rollouts, renderer: PromptRenderer) -> None:
 
 
 @dataclass
+class InFlight:
+    """A learner update submitted but not yet collected: if the run is interrupted, it is finished and saved."""
+
+    step: int
+    ref: Any  # ray.ObjectRef of Learner.step's metrics
+    data_after: dict  # data position once this step's prompts are consumed
+
+
+@dataclass
 class LoopState:
     """What an interrupted run needs to save: the last finished step and the data position after it."""
 
     step: int
     data: dict
     saved_step: int
+    in_flight: InFlight | None = None
 
 
 def save_checkpoint(parts: Parts, state: LoopState) -> None:
+    """Checkpoint the learner (LoRA, optimizer, RNG) with the step and the data position after it."""
+    if state.in_flight is not None:
+        # The learner applies an update it has started; saving it under the previous step would replay data.
+        ray.get(state.in_flight.ref)
+        state.step, state.data, state.in_flight = state.in_flight.step, state.in_flight.data_after, None
     ray.get(parts.learner.save.remote(state.step, {"data": state.data}))
     state.saved_step = state.step
     log.info("checkpoint saved at step %d", state.step)
@@ -159,10 +174,13 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState) ->
         # 5. learner.step (timing/learn); in async mode the next generation overlaps it
         t0 = time.perf_counter()
         learn_ref = parts.learner.step.remote(to_train_batch(cfg, rollouts))
+        # Resume must redraw a prefetched batch, so the position recorded is from before any prefetch.
+        state.in_flight = InFlight(step, learn_ref, parts.stream.state_dict())
         pending = None
         if cfg.train.mode == "async" and step < cfg.train.steps:
             pending = generate_and_score(cfg, parts, step + 1)
         learn_metrics = ray.get(learn_ref)
+        state.step, state.data, state.in_flight = step, state.in_flight.data_after, None
         t_learn = time.perf_counter() - t0
         # 6. export_lora + load_lora (timing/sync)
         t0 = time.perf_counter()
@@ -178,8 +196,5 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState) ->
             metrics["timing/generate_overlapped"] = pending.metrics["timing/generate"]
         parts.metrics.log(step, metrics)
         log_samples(run_dir, rollouts, parts.renderer)
-        # Resume must redraw a prefetched batch, so the position saved is from before it.
-        state.step = step
-        state.data = pending.stream_state if pending is not None else parts.stream.state_dict()
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state)

@@ -74,11 +74,14 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         parts.metrics = MetricsLog(run_dir, cfg.train.steps, state.step, cfg.logging.tensorboard, cfg.logging.progress)
         train_loop(cfg, parts, run_dir, state)
         finish(cfg, parts, run_dir)
-    except BaseException:
-        if parts is not None and state is not None and state.step > state.saved_step:
-            log.error("run interrupted after step %d; saving a checkpoint so --resume %s continues there",
-                      state.step, run_dir)
-            save_checkpoint(parts, state)
+    except BaseException as exc:
+        if parts is not None and state is not None and (state.step > state.saved_step or state.in_flight):
+            log.error("run stopped (%s) after step %d; saving a checkpoint so `--resume %s` continues there",
+                      type(exc).__name__, state.step, run_dir)
+            try:
+                save_checkpoint(parts, state)
+            except Exception as save_exc:  # keep the original error; say why nothing could be saved
+                log.error("could not save the checkpoint: %s", save_exc)
         raise
     finally:
         if parts is not None and parts.metrics is not None:

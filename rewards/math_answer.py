@@ -22,11 +22,12 @@ MAX_ANSWER_CHARS = 100
 """Longer final answers are not numbers a grader should try to read."""
 
 _BOXED = "\\boxed{"
-_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+_NUMBER = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _FULL = re.compile(rf"({_NUMBER})(?:/({_NUMBER}))?")
 _FRAC = re.compile(rf"\\[dt]?frac\{{({_NUMBER})\}}\{{({_NUMBER})\}}")
-_LEADING = re.compile(rf"{_NUMBER}(?:/\d+)?")
+_LEADING = re.compile(rf"{_NUMBER}(?:/[0-9]+)?")
 _TEXT = re.compile(r"\\(?:text|mathrm|mbox)\{[^{}]*\}")
+_LATEX_DROP = ("\\!", "\\,", "\\;", "\\$", "\\%")  # LaTeX spacing and escaped $ / %
 _DROP = str.maketrans("", "", ",$% \t\r\n")
 
 
@@ -62,8 +63,13 @@ def parse_number(text: str, lenient: bool = False) -> Fraction | None:
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
-    flat = _TEXT.sub("", text).replace("\\!", "").replace("\\,", "").replace("\u2212", "-").translate(_DROP)
-    flat = flat.removeprefix("\\(").removesuffix("\\)").strip("{}")
+    flat = _TEXT.sub("", text).replace("\u2212", "-")
+    for latex in _LATEX_DROP:
+        flat = flat.replace(latex, "")
+    flat = flat.translate(_DROP)
+    flat = flat.removeprefix("\\(").removesuffix("\\)")
+    if flat.startswith("{") and flat.endswith("}"):
+        flat = flat[1:-1]
     if match := _FRAC.fullmatch(flat):
         return _ratio(match[1], match[2])
     if match := _FULL.fullmatch(flat.rstrip(".")):

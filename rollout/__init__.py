@@ -1,0 +1,10 @@
+"""Rollout: generate completions with the current policy from a real inference server (vLLM today).
+
+The driver uses `rollout.handle.Rollout`; configs and data types are re-exported here. Importing this package never
+imports vllm, torch, jax or ray: the engine runs as a subprocess from its own environment.
+"""
+
+from rollout.config import ClientConfig, RolloutConfig, RolloutResources, VllmConfig
+from rollout.types import Completion, SamplingParams
+
+__all__ = ["ClientConfig", "Completion", "RolloutConfig", "RolloutResources", "SamplingParams", "VllmConfig"]

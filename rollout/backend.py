@@ -60,12 +60,12 @@ class RolloutBackend(Protocol):
         ...
 
 
-def setup_backend(cfg: BackendConfig, model_path: Path) -> RolloutBackend:
-    """The backend for `cfg.kind`, not started."""
+def setup_backend(cfg: BackendConfig, model_path: Path, workdir: Path | None = None) -> RolloutBackend:
+    """The backend for `cfg.kind`, not started; `workdir` holds its logs (default: a new temporary folder)."""
     match cfg.kind:
         case "vllm":
             from rollout.vllm_server import VllmBackend
 
-            return VllmBackend(cfg, model_path)
+            return VllmBackend(cfg, model_path, workdir)
         case _:  # unreachable while the union validates `kind`; kept for the next engine
             raise ValueError(f"rollout.backend.kind {cfg.kind!r} has no backend; use 'vllm'")

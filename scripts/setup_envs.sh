@@ -35,6 +35,10 @@ make_env() {  # make_env NAME PYTHON_VERSION REQUIREMENTS
     "$(find_python "$pyver")" -m venv "$dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
     "$dir/bin/python" -m pip install -q -r "$req"
+    # Packages whose dependencies we must not take (see the `# nodeps:` lines' comments in the file).
+    local nodeps
+    nodeps=$(sed -n 's/^# nodeps: *//p' "$req")
+    if [ -n "$nodeps" ]; then "$dir/bin/python" -m pip install -q --no-deps $nodeps; fi
     if [ "$name" = vllm ]; then
       # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` model configs
       # ("operator torchvision::nms does not exist") next to torch 2.13.0+cpu.

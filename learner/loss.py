@@ -1,0 +1,181 @@
+"""GRPO, as pure functions: advantages, sampling-transform logprobs, the clipped policy loss with KL and IS.
+
+What GRPO means here (one batch = several groups, one group = samples of one prompt):
+- advantage A_i = r_i - mean(group), divided by std(group) (ddof=1, + 1e-6, as Tunix) unless Dr. GRPO;
+- per token: ratio = pi_theta / pi_old; pg = max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high));
+- the engine sampled from its own numerics, so each token's loss is weighted by the truncated IS ratio
+  min(pi_old / pi_engine, cap) (detached), both under the *same* sampling transform (temperature, top-k,
+  top-p, min-p): comparing a tempered, truncated engine distribution with a raw learner one is the usual bug;
+- + beta * KL(pi_theta || pi_ref) with the k1/k2/k3 estimator;
+- aggregation as per-token weights (`token_weights`) computed once per mini-batch, so gradient accumulation
+  over micro-batches sums to exactly the mini-batch loss.
+Metrics come back as masked *sums* so micro-batches add up; the learner divides by the token count.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps one wild token from producing inf/nan (Tunix clamps the same)
+
+
+def grpo_advantages(rewards: np.ndarray, group_ids: np.ndarray, std_normalize: bool, eps: float = 1e-6) -> np.ndarray:
+    """Group-relative advantages: centre on the group mean; divide by the group std unless Dr. GRPO."""
+    rewards = np.asarray(rewards, np.float64)
+    group_ids = np.asarray(group_ids)
+    adv = np.zeros_like(rewards)
+    for g in np.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx]
+        centred = r - r.mean()
+        if std_normalize:
+            std = r.std(ddof=1) if len(r) > 1 else 0.0
+            centred = centred / (std + eps)
+        adv[idx] = centred
+    return adv.astype(np.float32)
+
+
+class Sampling(NamedTuple):
+    """The engine's sampling transform (static under jit: constant over a run)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def _keep_mask(scaled: jax.Array, s: Sampling) -> jax.Array:
+    """Tokens the engine could sample: min-p, then top-k, then top-p (vLLM's order), on tempered logits."""
+    keep = jnp.ones(scaled.shape, bool)
+    if s.min_p > 0.0:
+        # p_j >= min_p * p_max  <=>  z_j >= z_max + log(min_p)
+        keep &= scaled >= jnp.max(scaled, axis=-1, keepdims=True) + jnp.log(s.min_p)
+    if s.top_k > 0 and s.top_k < scaled.shape[-1]:
+        kth = jax.lax.top_k(jnp.where(keep, scaled, -jnp.inf), s.top_k)[0][..., -1:]
+        keep &= scaled >= kth
+    if s.top_p < 1.0:
+        masked = jnp.where(keep, scaled, -jnp.inf)
+        desc = -jnp.sort(-masked, axis=-1)
+        probs = jax.nn.softmax(desc, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p: token i stays if the mass before it is < top_p.
+        before = jnp.cumsum(probs, axis=-1) - probs
+        n_keep = jnp.maximum(jnp.sum(before < s.top_p, axis=-1, keepdims=True), 1)
+        threshold = jnp.take_along_axis(desc, n_keep - 1, axis=-1)
+        keep &= scaled >= threshold
+    return keep
+
+
+def sampling_logprobs(
+    logits: jax.Array, targets: jax.Array, s: Sampling, with_entropy: bool = False
+) -> tuple[jax.Array, jax.Array | None]:
+    """Log-prob of `targets` under the sampling distribution (tempered, truncated, renormalised); [B, L].
+
+    The target itself is always kept in the support: a token the engine sampled but that falls just outside the
+    learner's top-k/top-p set (numerics differ) gets a finite logprob instead of -inf.
+    """
+    scaled = logits.astype(jnp.float32) / s.temperature
+    if s.truncates:
+        keep = _keep_mask(jax.lax.stop_gradient(scaled), s)
+        keep |= jax.nn.one_hot(targets, scaled.shape[-1], dtype=bool)
+        scaled = jnp.where(keep, scaled, -jnp.inf)
+    lse = jax.nn.logsumexp(scaled, axis=-1)
+    target_logit = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
+    logp = target_logit - lse
+    entropy = None
+    if with_entropy:
+        z = jax.lax.stop_gradient(scaled)
+        p = jax.nn.softmax(z, axis=-1)
+        entropy = -jnp.sum(jnp.where(p > 0, p * (z - jax.lax.stop_gradient(lse)[..., None]), 0.0), axis=-1)
+    return logp, entropy
+
+
+def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
+    """Per-token KL(pi_theta || pi_ref) estimate from samples of pi_theta (k1, k2 or k3)."""
+    diff = logp - ref_logp
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff**2
+    if estimator == "k3":
+        d = jnp.clip(-diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return jnp.exp(d) - d - 1.0
+    raise ValueError(f"kl_estimator {estimator!r}: use 'k1', 'k2' or 'k3'")
+
+
+def token_weights(loss_mask: np.ndarray, mode: str, norm_tokens: int) -> np.ndarray:
+    """Per-token weights w with loss = sum(w * per_token_loss); computed over a whole mini-batch [B, L]."""
+    mask = np.asarray(loss_mask, np.float32)
+    lengths = mask.sum(axis=-1, keepdims=True)
+    n_seqs = max(int((lengths > 0).sum()), 1)
+    if mode == "token-mean":
+        return mask / max(float(mask.sum()), 1.0)
+    if mode == "seq-mean-token-mean":
+        return mask / np.maximum(lengths, 1.0) / n_seqs
+    if mode == "seq-mean-token-sum-norm":
+        return mask / float(norm_tokens) / n_seqs
+    raise ValueError(f"loss_agg {mode!r}: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm")
+
+
+class LossOptions(NamedTuple):
+    """The GRPO knobs the loss reads (static under jit)."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_beta: float = 0.0
+    kl_estimator: str = "k3"
+    is_cap: float | None = 2.0
+
+
+def grpo_token_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    engine_logp: jax.Array,
+    advantages: jax.Array,
+    weights: jax.Array,
+    loss_mask: jax.Array,
+    opts: LossOptions,
+    ref_logp: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The GRPO loss for one micro-batch ([B, L] per-token inputs, [B] advantages) and masked metric sums."""
+    adv = advantages[:, None]
+    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    pg1 = -adv * ratio
+    pg2 = -adv * jnp.clip(ratio, 1.0 - opts.clip_eps_low, 1.0 + opts.clip_eps_high)
+    pg = jnp.maximum(pg1, pg2)
+
+    # Truncated IS against the engine: old (pre-update learner) vs engine, both under the sampling transform.
+    mismatch = jax.lax.stop_gradient(old_logp - engine_logp)
+    is_ratio = jnp.exp(jnp.clip(mismatch, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    is_weight = is_ratio if opts.is_cap is None else jnp.minimum(is_ratio, opts.is_cap)
+    per_token = is_weight * pg
+
+    kl = jnp.zeros_like(logp)
+    if opts.kl_beta > 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_beta > 0 needs reference logprobs")
+        kl = kl_penalty(logp, ref_logp, opts.kl_estimator)
+        per_token = per_token + opts.kl_beta * kl
+    loss = jnp.sum(weights * per_token)
+
+    m = loss_mask
+    # k3 estimate of KL(engine || learner) from engine samples: r - 1 - log r with r = pi_learner / pi_engine.
+    mismatch_kl = is_ratio - 1.0 - jnp.clip(mismatch, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    sums = {
+        "tokens": jnp.sum(m),
+        "clip": jnp.sum(m * (pg2 > pg1)),
+        "kl": jnp.sum(m * jax.lax.stop_gradient(kl)),
+        "is_ratio": jnp.sum(m * is_ratio),
+        "is_clip": jnp.sum(m * (is_ratio > opts.is_cap)) if opts.is_cap is not None else jnp.zeros(()),
+        "logprob_abs_diff": jnp.sum(m * jnp.abs(mismatch)),
+        "mismatch_kl": jnp.sum(m * mismatch_kl),
+    }
+    return loss, sums

@@ -1,0 +1,98 @@
+"""`python -m orchestration.serve RUN_DIR`: serve a trained adapter through the same engine as training.
+
+Starts the run's engine (its rollout.backend config) on the base model with the run's final adapter attached
+under the name `--name` (default: the run directory's name), OpenAI-compatible, loopback by default, optional API
+key; prints a ready curl example and serves until Ctrl-C. `--base-only` serves the base model alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from orchestration.config import ConfigError, RunConfig, load_config
+
+log = logging.getLogger("orchestration.serve")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestration.serve", description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", type=Path, help="a training run directory (has config.yaml and adapter/)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 exposes it)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", help="model name clients use for the adapter (default: the run directory's name)")
+    p.add_argument("--api-key", help="require this bearer token ('random' makes one and prints it)")
+    p.add_argument("--base-only", action="store_true", help="serve the base model without the adapter")
+    return p.parse_args(argv)
+
+
+def serving_backend(cfg: RunConfig, args: argparse.Namespace, adapter_dir: Path | None, name: str):
+    """The run's engine config, pointed at host/port, with the adapter attached at start-up."""
+    backend = cfg.rollout.backend
+    if backend.kind != "vllm":
+        raise ConfigError(f"serve supports rollout.backend.kind vllm for now (run has {backend.kind})")
+    extra = list(backend.extra_args)
+    if adapter_dir is not None:
+        # Attached at start-up (not via the runtime load endpoint, which an API key would also guard).
+        extra += ["--lora-modules", json.dumps({"name": name, "path": str(adapter_dir), "base_model_name": "base"})]
+    if args.api_key:
+        extra += ["--api-key", args.api_key]
+    return backend.model_copy(update={"host": args.host, "port": args.port, "extra_args": extra})
+
+
+def curl_example(url: str, name: str, api_key: str | None, prompt: str) -> str:
+    auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
+    body = json.dumps({"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": 256,
+                       "temperature": 0.7})
+    return f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.run_dir / "config.yaml")
+        adapter_dir = None if args.base_only else (args.run_dir / "adapter").resolve()
+        if adapter_dir is not None and not (adapter_dir / "adapter_config.json").exists():
+            raise ConfigError(f"{adapter_dir} has no adapter_config.json: the run has not finished; "
+                              f"`python -m orchestration.train --resume {args.run_dir}` completes it, or use --base-only")
+        if args.api_key == "random":
+            args.api_key = secrets.token_urlsafe(24)
+        name = args.name or ("base" if args.base_only else args.run_dir.resolve().name)
+        backend_cfg = serving_backend(cfg, args, adapter_dir, name)
+    except ConfigError as err:
+        print(f"serve: {err}", file=sys.stderr)
+        return 2
+    from orchestration.data import setup_dataset
+    from rollout.backend import setup_backend
+
+    backend = setup_backend(backend_cfg, cfg.model.resolved_path, args.run_dir / "serve")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        url = backend.start()
+        example = setup_dataset(cfg.data, "eval")[0]
+        prompt = example.messages[-1]["content"] if example.messages else example.text
+        print(f"\nserving {name!r} ({cfg.model.path} + {'no adapter' if adapter_dir is None else adapter_dir}) at {url}")
+        if args.api_key:
+            print(f"API key: {args.api_key}")
+        print("try:\n  " + curl_example(url, name, args.api_key, prompt) + "\n\nCtrl-C stops the server.", flush=True)
+        while not stop.wait(1.0):
+            if not backend.is_alive():
+                print("serve: the engine exited; its log:\n" + backend.log_tail(50), file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        backend.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

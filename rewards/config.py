@@ -1,0 +1,49 @@
+"""Which rewards a run uses, their weights and parameters, and what a raising reward does to the step.
+
+Parameters are checked by building the reward at config-validation time, so a typo in `params` fails when the YAML
+is loaded (naming the term and the field), not minutes later at the first scoring step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RewardName = Literal["countdown", "math_answer", "format", "repetition"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RewardTerm(Strict):
+    """One reward in the weighted sum."""
+
+    name: RewardName
+    """Registered reward (see rewards.registry.REWARDS)."""
+    weight: float = 1.0
+    """Multiplier in the total; the per-reward metrics are logged unweighted."""
+    params: dict[str, Any] = {}
+    """Keyword arguments of the reward's constructor (e.g. repetition `ngram`/`tiers`, format `think_tag`)."""
+
+
+class RewardsConfig(Strict):
+    """The reward terms and the error policy."""
+
+    terms: list[RewardTerm] = Field(min_length=1)
+    """Rewards summed (weighted) into each sample's total."""
+    on_error: Literal["zero", "fail"] = "zero"
+    """A reward that raises on a sample: "zero" logs the error and scores that sample 0; "fail" fails the step."""
+
+    @model_validator(mode="after")
+    def _check_terms(self) -> RewardsConfig:
+        names = [term.name for term in self.terms]
+        for name in set(names):
+            if names.count(name) > 1:
+                raise ValueError(f"reward {name!r} appears {names.count(name)} times in terms; merge them into one term")
+        from rewards.registry import build_term  # registry imports this module
+
+        for index, term in enumerate(self.terms):
+            build_term(term, index)
+        return self

@@ -1,0 +1,141 @@
+"""`RolloutServer`: the Ray actor that owns one engine server process (the control plane).
+
+It runs on the node where the engine runs, so a LoRA push needs no shared filesystem: the learner's tensors arrive
+through the Ray object store, are written here as a PEFT adapter in a new folder, and hot-loaded under a new
+versioned name (`policy-v{k}`). The previous version is unloaded first and its folder deleted only then (vLLM
+re-reads a registered adapter's folder after cache eviction; deleting it early kills the server).
+
+Its resources (CPUs, GPUs, the `TPU` resource) come from `RolloutConfig.resources`, so on a TPU VM it takes its own
+chips. The class is plain Python (testable without Ray); `setup_rollout_server` wraps it as an actor.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollout.backend import setup_backend
+from rollout.config import BackendConfig, RolloutConfig
+
+log = logging.getLogger(__name__)
+
+ADAPTER_PREFIX = "policy-v"
+
+
+def adapter_name(version: int) -> str:
+    """The served name of LoRA version k."""
+    return f"{ADAPTER_PREFIX}{version}"
+
+
+def write_peft_adapter(out_dir: Path, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> Path:
+    """Write `adapter_model.safetensors` + `adapter_config.json` (PEFT layout) into a new folder."""
+    from safetensors.numpy import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=False)
+    arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}
+    save_file(arrays, str(out_dir / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none", "lora_dropout": 0.0, **adapter_config}
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    return out_dir
+
+
+class RolloutServer:
+    """One engine server process, its adapters and restarts."""
+
+    def __init__(self, cfg: BackendConfig, model_path: Path, workdir: Path | None = None):
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="aha-rollout-"))
+        self.backend = setup_backend(cfg, Path(model_path), self.workdir)
+        self.max_rank = getattr(cfg, "max_lora_rank", None)
+        self.current: tuple[int, Path] | None = None  # (version, folder) of the adapter in use
+        atexit.register(self.backend.stop)  # a clean actor exit never leaves the engine running
+
+    def start(self) -> str:
+        """Launch the server (no-op if running); return its base_url."""
+        return self.backend.start()
+
+    def base_url(self) -> str | None:
+        """base_url of the running server."""
+        return self.backend.base_url
+
+    def pid(self) -> int | None:
+        """The server's process (group) id."""
+        return self.backend.pid()
+
+    def is_alive(self) -> bool:
+        """Process alive and healthy."""
+        return self.backend.is_alive()
+
+    def log_tail(self, n: int = 50) -> str:
+        """Last n lines of the current server log."""
+        return self.backend.log_tail(n)
+
+    def stop(self) -> None:
+        """Stop the server; idempotent. Adapter folders stay until the actor's workdir is removed."""
+        self.backend.stop()
+
+    def restart(self) -> str:
+        """Stop, start, and re-load the current adapter; return the (possibly new) base_url."""
+        self.backend.stop()
+        url = self.backend.start()
+        if self.current is not None:
+            version, folder = self.current
+            self.backend.load_lora(adapter_name(version), folder)
+        return url
+
+    def ensure_alive(self) -> str | None:
+        """None if the server is healthy; else restart it and return what happened, with the dead server's log."""
+        if self.backend.is_alive():
+            return None
+        tail = self.backend.log_tail(20)
+        self.restart()
+        version = None if self.current is None else self.current[0]
+        return (f"rollout server died and was restarted (adapter version {version} re-loaded); last lines of its "
+                f"log:\n{tail}")
+
+    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> dict:
+        """Write adapter `version`, load it as policy-v{version}, unload and delete the previous one; timings in s."""
+        if self.current is not None and version <= self.current[0]:
+            raise ValueError(f"push_lora version {version} must be greater than the current {self.current[0]}; "
+                             "count versions up from the learner step")
+        rank = adapter_config.get("r")
+        if self.max_rank is not None and rank is not None and rank > self.max_rank:
+            raise ValueError(f"LoRA rank {rank} exceeds rollout.backend.max_lora_rank ({self.max_rank}); raise it")
+        t0 = time.perf_counter()
+        folder = write_peft_adapter(self.workdir / "adapters" / adapter_name(version), tensors, adapter_config)
+        t1 = time.perf_counter()
+        self.backend.load_lora(adapter_name(version), folder)
+        t2 = time.perf_counter()
+        previous, self.current = self.current, (version, folder)
+        if previous is not None:
+            self.backend.unload_lora(adapter_name(previous[0]))
+            shutil.rmtree(previous[1], ignore_errors=True)
+        t3 = time.perf_counter()
+        log.info("LoRA v%d loaded (write %.3f s, load %.3f s, unload previous %.3f s)", version, t1 - t0,
+                 t2 - t1, t3 - t2)
+        return {"write_s": t1 - t0, "load_s": t2 - t1, "unload_s": t3 - t2}
+
+    def shutdown(self) -> None:
+        """Stop the server and delete the workdir (adapters, logs)."""
+        self.backend.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def setup_rollout_server(cfg: RolloutConfig, model_path: Path, name: str | None = None):
+    """Start a `RolloutServer` Ray actor with the resources from `cfg.resources` (server not started yet)."""
+    import ray
+
+    res = cfg.resources
+    options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_restarts": 0}
+    if res.tpu:
+        options["resources"] = {"TPU": res.tpu}
+    if name:
+        options["name"] = name
+    return ray.remote(RolloutServer).options(**options).remote(cfg.backend, Path(model_path))

@@ -1,0 +1,105 @@
+"""`RolloutClient`: the data plane. Token-id prompts go to the server's completions route, `Completion`s come back.
+
+It runs in the driver and talks HTTP straight to the server (generation traffic never passes through the Ray
+actor, which only handles the control plane). One request per prompt carries its n samples, so the engine shares
+the prompt's prefill across the group. Concurrency is bounded by a semaphore; connection errors and 5xx are
+retried with exponential backoff; 4xx are raised at once (they are our bug, retrying would not help). When the
+server cannot be reached after the retries, `ServerUnavailable` tells the caller to check and restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from rollout.backend import RolloutBackend
+from rollout.config import ClientConfig
+from rollout.types import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class ServerUnavailable(RuntimeError):
+    """The server did not answer (connection refused/reset, timeout or 5xx) after all retries."""
+
+
+class RolloutClient:
+    """Async client of one server; `wire` is the backend whose payload/response format it speaks."""
+
+    def __init__(self, base_url: str, cfg: ClientConfig, wire: RolloutBackend):
+        self.base_url = base_url.rstrip("/")
+        self.cfg = cfg
+        self.wire = wire
+
+    def _http(self) -> httpx.AsyncClient:
+        # A fresh client per call: an AsyncClient is bound to the event loop it was first used in, and the
+        # sync driver runs each generate() in its own asyncio.run().
+        limits = httpx.Limits(max_connections=self.cfg.max_concurrency,
+                              max_keepalive_connections=self.cfg.max_concurrency)
+        timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
+        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout)
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams, lora_name: str | None = None,
+                       adapter_version: int | None = None) -> list[list[Completion]]:
+        """n completions per prompt, in prompt order; all requests are built (and so checked) before any is sent."""
+        payloads = [self.wire.build_payload(p, params, lora_name) for p in prompts]
+        gate = asyncio.Semaphore(self.cfg.max_concurrency)
+        async with self._http() as http:
+
+            async def one(payload: dict[str, Any]) -> list[Completion]:
+                async with gate:
+                    data = await self._post(http, "/v1/completions", payload)
+                return self._completions(data, adapter_version, expected=params.n)
+
+            try:
+                async with asyncio.TaskGroup() as group:  # the first failure cancels the rest
+                    tasks = [group.create_task(one(p)) for p in payloads]
+            except ExceptionGroup as group_error:  # callers handle our error types, not a group of them
+                raise group_error.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+    async def _post(self, http: httpx.AsyncClient, route: str, payload: dict[str, Any]) -> dict[str, Any]:
+        delay = self.cfg.retry_backoff_s
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                resp = await http.post(route, json=payload)
+            except httpx.TransportError as e:  # connect/read errors and timeouts
+                problem = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code == 200:
+                    return resp.json()
+                if resp.status_code < 500:
+                    raise RuntimeError(f"{self.base_url}{route} rejected the request ({resp.status_code}): "
+                                       f"{resp.text.strip()[:500]}")
+                problem = f"HTTP {resp.status_code}: {resp.text.strip()[:200]}"
+            if attempt < self.cfg.max_retries:
+                log.warning("%s%s failed (%s); retry %d/%d in %.1f s", self.base_url, route, problem,
+                            attempt + 1, self.cfg.max_retries, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise ServerUnavailable(f"{self.base_url}{route} failed after {self.cfg.max_retries + 1} attempts "
+                                f"({problem}); is the server alive? (raise rollout.client.max_retries/timeout_s "
+                                "if it is only slow)")
+
+    def _completions(self, data: dict[str, Any], adapter_version: int | None, expected: int) -> list[Completion]:
+        choices = sorted(data["choices"], key=lambda c: c["index"])
+        if len(choices) != expected:
+            raise RuntimeError(f"server returned {len(choices)} choices for n={expected}")
+        out = []
+        for choice in choices:
+            token_ids, logprobs, extra = self.wire.parse_choice(choice)
+            out.append(Completion(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
+                                  finish_reason=choice.get("finish_reason") or "", adapter_version=adapter_version,
+                                  extra=extra))
+        return out
+
+    async def health(self) -> bool:
+        """GET /health is 200."""
+        async with self._http() as http:
+            try:
+                return (await http.get("/health", timeout=5.0)).status_code == 200
+            except httpx.HTTPError:
+                return False

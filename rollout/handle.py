@@ -1,0 +1,145 @@
+"""`Rollout`: the driver-side object the training loop uses, with plain synchronous methods.
+
+It pairs a `RolloutServer` Ray actor (control plane: process, adapters, restarts) with a `RolloutClient` (data
+plane: HTTP straight to the server). It remembers the current adapter version so every request names it and
+every `Completion` records it. When the server dies mid-generate, it asks the actor to restart it (the actor
+re-loads the current adapter), retries the requests once, logs the event and appends it to `.events`.
+
+    with Rollout(cfg, model_dir) as rollout:          # start() ... stop()
+        groups = rollout.generate([[1, 2, 3]], SamplingParams(n=8, max_tokens=64))
+        pause_s = rollout.push_lora(1, tensors, adapter_config)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollout.actor import adapter_name, setup_rollout_server
+from rollout.backend import setup_backend
+from rollout.client import RolloutClient, ServerUnavailable
+from rollout.config import RolloutConfig
+from rollout.types import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class Rollout:
+    """Generate with the current policy, push new LoRA versions, survive a dead server."""
+
+    def __init__(self, cfg: RolloutConfig, model_path: Path):
+        self.cfg = cfg
+        self.model_path = Path(model_path)
+        self.events: list[str] = []
+        """What happened to the server besides normal work (restarts and why), oldest first."""
+        self.version: int | None = None
+        """Adapter version in use; None = base model."""
+        self.actor = None
+        """The RolloutServer actor handle (None before start)."""
+        # Only its wire format is used here (pure functions of the config); the process lives in the actor.
+        self._wire = setup_backend(cfg.backend, self.model_path)
+        self._client: RolloutClient | None = None
+
+    def __enter__(self) -> Rollout:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> str:
+        """Start the actor and its server (blocks until healthy); return the server's base_url."""
+        import ray
+
+        if self.actor is None:
+            self.actor = setup_rollout_server(self.cfg, self.model_path)
+        return self._connect(ray.get(self.actor.start.remote()))
+
+    def _connect(self, base_url: str) -> str:
+        self._client = RolloutClient(base_url, self.cfg.client, self._wire)
+        return base_url
+
+    @property
+    def base_url(self) -> str:
+        """URL of the running server."""
+        return self._require_client().base_url
+
+    def _require_client(self) -> RolloutClient:
+        if self._client is None:
+            raise RuntimeError("Rollout is not started; call start() (or use `with Rollout(...) as rollout`)")
+        return self._client
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[list[Completion]]:
+        """n completions per prompt with the current adapter (default params: cfg.sampling)."""
+        params = params or self.cfg.sampling
+        self._check(prompts, params)
+        client = self._require_client()
+        lora = None if self.version is None else adapter_name(self.version)
+        try:
+            return asyncio.run(client.generate(prompts, params, lora, self.version))
+        except ServerUnavailable:
+            if not self._recover():
+                raise
+        return asyncio.run(self._require_client().generate(prompts, params, lora, self.version))
+
+    def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate() needs a non-empty list of non-empty token-id prompts")
+        limit = self.cfg.backend.max_model_len
+        if (longest := max(len(p) for p in prompts)) + params.max_tokens > limit:
+            raise ValueError(f"prompt of {longest} tokens + max_tokens {params.max_tokens} exceeds "
+                             f"rollout.backend.max_model_len ({limit}); shorten prompts or lower max_tokens")
+        if params.logprobs > self.cfg.backend.max_logprobs:
+            raise ValueError(f"sampling.logprobs ({params.logprobs}) exceeds rollout.backend.max_logprobs "
+                             f"({self.cfg.backend.max_logprobs}); raise the latter")
+
+    def _recover(self) -> bool:
+        """Restart a dead server (re-loading the adapter); False if it is alive, i.e. the failure was not death."""
+        import ray
+
+        event = ray.get(self.actor.ensure_alive.remote())
+        if event is None:
+            return False
+        self._record(event)
+        self._connect(ray.get(self.actor.base_url.remote()))
+        return True
+
+    def _record(self, event: str) -> None:
+        log.warning("%s", event)
+        self.events.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}")
+
+    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> float:
+        """Send LoRA `version` to the server and make it current; return the seconds it took (the pause)."""
+        import ray
+
+        self._require_client()
+        t0 = time.perf_counter()
+        ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
+        self.version = version
+        return time.perf_counter() - t0
+
+    def restart(self) -> str:
+        """Restart the server (the current adapter is re-loaded); return its base_url."""
+        import ray
+
+        self._require_client()
+        url = self._connect(ray.get(self.actor.restart.remote()))
+        self._record("rollout server restarted on request")
+        return url
+
+    def stop(self) -> None:
+        """Stop the server and the actor; idempotent."""
+        import ray
+
+        actor, self.actor, self._client = self.actor, None, None
+        if actor is None:
+            return
+        try:
+            ray.get(actor.shutdown.remote())
+        finally:
+            ray.kill(actor)
