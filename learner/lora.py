@@ -51,12 +51,19 @@ def to_peft(value: np.ndarray, name: str, rank: int) -> np.ndarray:
     return np.ascontiguousarray(value.reshape(rank, -1).T)
 
 
-def peft_tensors(lora_state: nnx.State, rank: int) -> dict[str, np.ndarray]:
-    """All LoRA weights as float32 numpy arrays with PEFT names."""
+def flat_leaves(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
+    """(path, leaf) pairs of a nested dict, depth first in key order."""
+    out = []
+    for k, v in tree.items():
+        out.extend(flat_leaves(v, (*prefix, k)) if isinstance(v, dict) else [((*prefix, k), v)])
+    return out
+
+
+def peft_tensors(lora_params: dict, rank: int) -> dict[str, np.ndarray]:
+    """All LoRA weights (a nested dict as `nnx.State.to_pure_dict()` gives) as float32 numpy with PEFT names."""
     out = {}
-    for path, leaf in nnx.to_flat_state(lora_state):
+    for path, value in flat_leaves(lora_params):
         name = peft_name(path)
-        value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
         out[name] = to_peft(np.asarray(value, dtype=np.float32), name, rank)
     return dict(sorted(out.items()))
 

@@ -137,6 +137,7 @@ class LossOptions(NamedTuple):
 def grpo_token_loss(
     logp: jax.Array,
     old_logp: jax.Array,
+    old_cmp_logp: jax.Array,
     engine_logp: jax.Array,
     advantages: jax.Array,
     weights: jax.Array,
@@ -144,7 +145,11 @@ def grpo_token_loss(
     opts: LossOptions,
     ref_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The GRPO loss for one micro-batch ([B, L] per-token inputs, [B] advantages) and masked metric sums."""
+    """The GRPO loss for one micro-batch ([B, L] per-token inputs, [B] advantages) and masked metric sums.
+
+    `old_cmp_logp` is the pre-update learner logprob in the engine's convention (the same as `old_logp` when the
+    engine reports processed logprobs; the raw one when it reports raw logprobs).
+    """
     adv = advantages[:, None]
     log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
@@ -153,7 +158,7 @@ def grpo_token_loss(
     pg = jnp.maximum(pg1, pg2)
 
     # Truncated IS against the engine: old (pre-update learner) vs engine, both under the sampling transform.
-    mismatch = jax.lax.stop_gradient(old_logp - engine_logp)
+    mismatch = jax.lax.stop_gradient(old_cmp_logp - engine_logp)
     is_ratio = jnp.exp(jnp.clip(mismatch, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     is_weight = is_ratio if opts.is_cap is None else jnp.minimum(is_ratio, opts.is_cap)
     per_token = is_weight * pg

@@ -104,7 +104,7 @@ def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> list[Prom
     if cfg.task == "gsm8k":
         task, rows = "math", _gsm8k_rows(cfg, split)[:size]
     elif cfg.task == "math":
-        task, rows = "math", _draw(lambda rng: _word_problem(rng), cfg, split, size, key=lambda r: r[0])
+        task, rows = "math", _draw(_word_problem, cfg, split, size, key=lambda r: r[0])
     else:
         task = "countdown"
         rows = _draw(lambda rng: _countdown_puzzle(rng, cfg), cfg, split, size, key=lambda r: (sorted(r[0]), r[1]))
@@ -131,7 +131,7 @@ def _draw(make: Callable[[random.Random], Any], cfg: DataConfig, split: str, siz
     """`size` distinct items of this split's hash bucket, drawn from a generator seeded by (seed, split)."""
     rng = random.Random(f"{cfg.task}-{cfg.seed}-{split}")
     items, seen = [], set()
-    budget = 200 * size + 10_000
+    budget = 50 * size + 10_000
     for _ in range(budget):
         if len(items) == size:
             break
@@ -189,7 +189,7 @@ def _wrap(expr: str) -> str:
     return f"({expr})" if " " in expr else expr
 
 
-NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jamal", "Kira", "Liam", "Mei", "Noah")
+NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jamal", "Kira", "Liam", "Mei")
 ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards")
 
 
@@ -205,7 +205,7 @@ def _word_problem(rng: random.Random) -> tuple[str, str]:
     if kind == 1:
         price, count = r(2, 15), r(2, 9)
         bill = (price * count // 10 + r(1, 5)) * 10
-        q = f"{item.capitalize()} cost ${price} each. {name} buys {count} and pays with ${bill}. How much change is due?"
+        q = f"{item.capitalize()} cost ${price} each. {name} buys {count} and pays with ${bill}. How much change?"
         return q, str(bill - price * count)
     if kind == 2:
         a, d, b, e = r(5, 40), r(2, 9), r(5, 40), r(2, 9)
@@ -295,7 +295,7 @@ class PromptStream:
     def load_state_dict(self, state: dict) -> None:
         if state.get("num_prompts") != len(self._prompts) or state.get("seed") != self.seed:
             raise ValueError(
-                f"stream state is for {state.get('num_prompts')} prompts with seed {state.get('seed')}, this stream has "
+                f"stream state is for {state.get('num_prompts')} prompts with seed {state.get('seed')}, this one has "
                 f"{len(self._prompts)} with seed {self.seed}; resume with the run's saved data config"
             )
         if not 0 <= state["position"] <= len(self._prompts):

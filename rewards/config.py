@@ -41,7 +41,7 @@ class RewardsConfig(Strict):
         names = [term.name for term in self.terms]
         for name in set(names):
             if names.count(name) > 1:
-                raise ValueError(f"reward {name!r} appears {names.count(name)} times in terms; merge them into one term")
+                raise ValueError(f"reward {name!r} appears {names.count(name)} times in terms; merge them into one")
         from rewards.registry import build_term  # registry imports this module
 
         for index, term in enumerate(self.terms):

@@ -31,7 +31,10 @@ def score(
     correct_score: float = CORRECT_SCORE,
     answer_tag: str = "answer",
 ) -> float:
-    """0.0 without `<answer>`; `format_score` for a wrong, unparsable or number-misusing equation; else `correct_score`."""
+    """0.0 without `<answer>`; `format_score` for a wrong, unreadable or misusing equation; else `correct_score`."""
+    if not all(type(n) is int for n in numbers):
+        # Would otherwise score every answer 0.1 silently (e.g. numbers read from JSON as strings).
+        raise ValueError(f"reference numbers must be ints, got {list(numbers)!r}; fix the dataset")
     equation = last_block(completion, answer_tag)
     if equation is None:
         return 0.0
@@ -59,4 +62,6 @@ class CountdownReward:
 
     def __call__(self, sample: Sample) -> float:
         ref = sample.reference
-        return score(sample.completion, ref["numbers"], ref["target"], self.format_score, self.correct_score, self.answer_tag)
+        return score(
+            sample.completion, ref["numbers"], ref["target"], self.format_score, self.correct_score, self.answer_tag
+        )

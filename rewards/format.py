@@ -40,7 +40,8 @@ def _well_formed(text: str, think_tag: str, answer_tag: str) -> bool:
         return False
     think_end, answer_start = text.find(close_think), text.find(open_answer)
     thought = text[len(open_think) if counts[0] else 0 : think_end]
-    return think_end < answer_start and not text[think_end + len(close_think) : answer_start].strip() and bool(thought.strip())
+    between = text[think_end + len(close_think) : answer_start]
+    return think_end < answer_start and not between.strip() and bool(thought.strip())
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))

@@ -32,7 +32,7 @@ _DROP = str.maketrans("", "", ",$% \t\r\n")
 
 
 def score(completion: str, answer: str, answer_tag: str = "answer") -> float:
-    """1.0 when the completion's final answer equals `answer` numerically, else 0.0; raises on an unreadable reference."""
+    """1.0 when the completion's final answer equals `answer` numerically, else 0.0; raises if `answer` is no number."""
     reference = parse_number(answer.rsplit("####", 1)[-1], lenient=True)
     if reference is None:
         raise ValueError(f"reference answer {answer[:80]!r} is not a number; fix the dataset's answer field")
@@ -52,7 +52,8 @@ def final_answer(completion: str, answer_tag: str = "answer") -> tuple[str | Non
         return block, False
     at = completion.rfind("####")
     if at >= 0:
-        return completion[at + 4 : at + 4 + MAX_ANSWER_CHARS], True
+        # Only its first line: GSM8K-style text runs on after the number ("#### 72\n\nUser: ...").
+        return completion[at + 4 : at + 4 + MAX_ANSWER_CHARS].lstrip().split("\n", 1)[0], True
     return None, False
 
 

@@ -19,7 +19,7 @@ DEFAULT_TIERS = ((0.3, -3.0), (0.2, -1.5), (0.1, -0.5))
 
 
 def repeated_ratio(completion: str, ngram: int = 4) -> float:
-    """Fraction of the completion's word n-grams that repeat an earlier one; 0.0 when it has fewer than `ngram` words."""
+    """Fraction of the completion's word n-grams that repeat an earlier one; 0.0 with fewer than `ngram` words."""
     words = completion.lower().split()
     total = len(words) - ngram + 1
     if total <= 0:

@@ -68,9 +68,13 @@ def test_division_by_zero_is_format_score(expr: str) -> None:
         "25 + ٣ * 7",  # Arabic-Indic digit
         "25 + 3 × 7",  # multiplication sign
         "25 + 3 * 7;",
+        "25 + 3 7",  # two numbers in a row
+        "25 + (3 * 7",  # unbalanced
+        "25 + 3 * 7)",
+        "",
         "25 + 03 * 7",  # leading zero
         "(" * 100 + "25 + 3 * 7" + ")" * 100,  # longer than the expression bound
-        "-" * 50 + "25 + 3 * 7",  # deep unary chain (-(-(...)))
+        "-" * 60 + "25 + 3 * 7",  # deep unary chain (-(-(...)))
         "25 + 3 * 7" + " + 0" * 60,  # longer than the expression bound
     ],
 )
@@ -80,9 +84,9 @@ def test_rejected_expressions_get_format_score(expr: str, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == [], "scoring created a file: model text was executed"
 
 
-def test_redundant_parentheses_are_harmless() -> None:
-    # The parser drops parentheses from the tree; their nesting is bounded by the length limit instead.
-    assert score("<answer>" + "(" * 90 + "25 + 3 * 7" + ")" * 90 + "</answer>", NUMS, 46) == 1.0
+def test_parentheses_count_towards_the_depth_limit() -> None:
+    assert score("<answer>" + "(" * 20 + "25 + 3 * 7" + ")" * 20 + "</answer>", NUMS, 46) == 1.0
+    assert score("<answer>" + "(" * 60 + "25 + 3 * 7" + ")" * 60 + "</answer>", NUMS, 46) == 0.1
 
 
 def test_unary_minus_is_allowed_like_tinyzero() -> None:
@@ -106,3 +110,8 @@ def test_reward_fn_reads_reference_and_params() -> None:
     assert fn(Sample("p", "<eq>25 + 3 * 7</eq>", {"numbers": NUMS, "target": 46})) == 2.0
     assert fn(Sample("p", "<eq>25 + 3</eq>", {"numbers": NUMS, "target": 46})) == 0.0
     assert fn(Sample("p", "<answer>25 + 3 * 7</answer>", {"numbers": NUMS, "target": 46})) == 0.0
+
+
+def test_malformed_reference_raises_instead_of_scoring_silently() -> None:
+    with pytest.raises(ValueError, match="reference numbers must be ints"):
+        score("<answer>25 + 3 * 7</answer>", ["3", "7", "25"], 46)

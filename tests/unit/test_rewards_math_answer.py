@@ -37,6 +37,8 @@ from rewards.types import Sample
         ("<answer>42 apples</answer>", "42", 0.0),  # answer blocks must hold just the number
         ("So #### 42", "42", 1.0),
         ("#### 41\n#### 42 apples.\nUser: next", "42", 1.0),  # text after the last ####, leading number
+        ("#### 4\n2 apples", "42", 0.0),  # the number ends at the line break
+        ("####\n  42\nUser: 7", "42", 1.0),
         ("#### 42", "#### 42", 1.0),  # a raw GSM8K answer string works as the reference too
         ("<answer>1e999999</answer>", "42", 0.0),  # no float() on raw text
         ("<answer>nan</answer>", "42", 0.0),

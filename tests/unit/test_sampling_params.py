@@ -126,3 +126,18 @@ def test_import_rollout_stays_light():
             "heavy = [m for m in ('vllm', 'torch', 'jax', 'ray') if m in sys.modules]\n"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_rollout_rejects_bad_requests_before_any_network_use(tmp_path):
+    from rollout.handle import Rollout
+
+    cfg = RolloutConfig(backend=VllmConfig(max_model_len=64, max_logprobs=2), sampling=SamplingParams(max_tokens=8))
+    rollout = Rollout(cfg, tmp_path)  # never started
+    with pytest.raises(ValueError, match="exceeds rollout.backend.max_model_len"):
+        rollout.generate([[1] * 60], SamplingParams(max_tokens=8))
+    with pytest.raises(ValueError, match="non-empty"):
+        rollout.generate([[1], []])
+    with pytest.raises(ValueError, match="raise the latter"):
+        rollout.generate([[1]], SamplingParams(max_tokens=8, logprobs=3))
+    with pytest.raises(RuntimeError, match="call start"):  # only a valid request gets as far as the network
+        rollout.generate([[1, 2]], SamplingParams(max_tokens=8))

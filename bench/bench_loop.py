@@ -1,0 +1,65 @@
+"""End-to-end loop benchmark: sync vs async step time, and the LoRA push pause as a fraction of a step.
+
+Runs `python -m orchestration.train` twice on the same config and load (sync, then async) and prints, from
+those runs' metrics.jsonl (the first step of each, which compiles, is left out):
+
+- sync step time, async step time, and async / max(generate, learn) (target <= 1.1: async hides the shorter phase);
+- push pause / step time (target < 1%).
+
+    .venv/bin/python bench/bench_loop.py                       # SmolLM2, the demo config, 6 steps each
+    .venv/bin/python bench/bench_loop.py --steps 4 model.path=tiny-llama
+
+On 2 CPU cores the engine and the learner share the same cores, so async can only hide what the other phase leaves
+idle; on a TPU host each has its own chips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestration.metrics import read_metrics  # noqa: E402
+
+
+def run(mode: str, steps: int, config: Path, overrides: list[str], out: Path) -> list[dict]:
+    run_dir = out / mode
+    cmd = [sys.executable, "-m", "orchestration.train", "--config", str(config), "--run-dir", str(run_dir),
+           f"train.mode={mode}", f"train.steps={steps}", "train.save_every=0", "logging.plots=false", *overrides]
+    print(f"running {mode}: {' '.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return read_metrics(run_dir)[1:]  # drop the compile step
+
+
+def mean(rows: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in rows if key in r)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "countdown_smollm2_cpu.yaml")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="aha-bench-") as tmp:
+        sync = run("sync", args.steps, args.config, args.overrides, Path(tmp))
+        async_ = run("async", args.steps, args.config, args.overrides, Path(tmp))
+    t_sync, t_async = mean(sync, "timing/step"), mean(async_, "timing/step")
+    gen, learn = mean(sync, "timing/generate"), mean(sync, "timing/learn")
+    pause = mean(sync, "timing/push_pause")
+    print(f"\nsteps measured: {len(sync)} sync, {len(async_)} async (first step of each excluded)")
+    print(f"sync step        {t_sync:8.2f} s   (generate {gen:.2f} s, learn {learn:.2f} s)")
+    print(f"async step       {t_async:8.2f} s")
+    print(f"async / max(generate, learn) = {t_async / max(gen, learn):.3f}   (target <= 1.1)")
+    print(f"async / sync                 = {t_async / t_sync:.3f}")
+    print(f"push pause / step            = {pause / t_sync:.4f}   ({pause * 1000:.0f} ms; target < 0.01)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Learner: owns the policy (Tunix NNX model + Qwix LoRA) on its mesh and does GRPO updates of the LoRA.
+
+One `step(batch)`:
+1. group-relative advantages from the rewards;
+2. shuffle (with the learner's saved RNG) and pack into bucketed [rows, L] arrays;
+3. if more than one update per batch (epochs or mini-batches): one forward for the old logprobs;
+4. per epoch, per mini-batch: accumulate gradients over micro-batches, then one AdamW update of the LoRA;
+5. metrics as token-weighted means over everything the step saw.
+The adapter leaves as PEFT tensors (`lora_tensors`, `export_lora`) or merged weights (`export_merged`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from learner import train_step as ts
+from learner.batch import PackedBatch, TrainBatch, pack, slice_rows
+from learner.checkpoint import Checkpointer
+from learner.config import LearnerConfig
+from learner.lora import adapter_config, apply_lora, peft_tensors, write_merged, write_peft
+from learner.loss import LossOptions, Sampling, grpo_advantages, token_weights
+from learner.mesh import learner_mesh
+from learner.model import load_model
+
+log = logging.getLogger(__name__)
+
+
+class Learner:
+    """GRPO on LoRA weights; see the module docstring for what one step does."""
+
+    def __init__(self, cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None):
+        self.cfg = cfg
+        self.model_path = Path(model_path)
+        self.mesh = learner_mesh(cfg.devices, cfg.mesh)
+        with jax.set_mesh(self.mesh):
+            model, self.family = load_model(self.model_path, self.mesh, cfg.param_dtype, cfg.remat)
+            model = apply_lora(model, cfg.lora, cfg.seed)
+        graphdef, lora_state, base = nnx.split(model, nnx.LoRAParam, ...)
+        template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), lora_state)
+        self._parts = ts.ModelParts(graphdef, template, base)
+        self.params: dict = lora_state.to_pure_dict()
+        self._tx = ts.make_optimizer(cfg.optimizer)
+        self.opt_state = jax.jit(self._tx.init)(self.params)
+        self._apply = ts.make_apply_fn(self._tx)
+        self._fns: dict[tuple, Any] = {}  # compiled step pieces per (sampling, off_policy)
+        self._logits_fn = None
+        self._rng = np.random.default_rng(cfg.seed)
+        self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
+        g = cfg.grpo
+        self._opts = LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap)
+        batch_axis = "fsdp" if self.mesh.shape["fsdp"] > 1 else None
+        self._data_parallel = self.mesh.shape["fsdp"]
+        self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(batch_axis))
+        log.info("learner: %s on %s, mesh %s", self.family, [str(d) for d in self.mesh.devices.flat],
+                 dict(self.mesh.shape))
+
+    # ---- GRPO update -------------------------------------------------------------------------------------
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One GRPO update (possibly several optimizer updates) on `batch`; returns `learner/...` metrics."""
+        t0 = time.perf_counter()
+        g = self.cfg.grpo
+        adv = grpo_advantages(batch.rewards, batch.group_ids, g.std_normalize)
+        micro, mini, rows = self._batch_geometry(len(batch))
+        order = np.concatenate([self._rng.permutation(len(batch)), np.arange(len(batch), rows)])
+        packed = pack(*_take(batch, adv, order[: len(batch)]), self.cfg.seq_bucket, rows)
+        sampling = Sampling(batch.temperature, batch.top_k, batch.top_p, batch.min_p)
+        off_policy = g.epochs > 1 or rows // mini > 1
+        logprob_fn, accumulate = self._compiled(sampling, off_policy)
+
+        old = self._old_logprobs(logprob_fn, packed, micro) if off_policy else None
+        totals: dict[str, float] = {}
+        losses, norms = [], []
+        for _ in range(g.epochs):
+            for lo in range(0, rows, mini):
+                loss, norm = self._update(accumulate, packed, old, slice(lo, lo + mini), micro, totals)
+                losses.append(loss)
+                norms.append(norm)
+        out = self._metrics(totals, losses, norms, adv)
+        out["learner/completion_tokens"] = float(packed.loss_mask.sum())
+        out["learner/step_s"] = time.perf_counter() - t0
+        return out
+
+    def _batch_geometry(self, n: int) -> tuple[int, int, int]:
+        """(micro, mini, rows): micro divides mini divides rows >= n; micro divisible by the data-parallel size."""
+        micro = math.ceil(min(self.cfg.grpo.micro_batch_size, n) / self._data_parallel) * self._data_parallel
+        mini = math.ceil((self.cfg.grpo.mini_batch_size or n) / micro) * micro
+        return micro, mini, math.ceil(n / mini) * mini
+
+    def _compiled(self, sampling: Sampling, off_policy: bool):
+        key = (sampling, off_policy)
+        if key not in self._fns:
+            raw = self.cfg.grpo.engine_logprobs == "raw"
+            self._fns[key] = (
+                ts.make_logprob_fn(self._parts, sampling, raw),
+                ts.make_accumulate_fn(self._parts, sampling, self._opts, raw, off_policy),
+            )
+        return self._fns[key]
+
+    def _put(self, packed: PackedBatch, rows: slice, weights: np.ndarray) -> ts.MicroBatch:
+        p = slice_rows(packed, rows)
+        arrays = (p.tokens, p.targets, p.valid, p.loss_mask, p.engine_logprobs, p.advantages, weights)
+        return ts.MicroBatch(*(jax.device_put(a, self._batch_sharding) for a in arrays))
+
+    def _old_logprobs(self, logprob_fn, packed: PackedBatch, micro: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-update logprobs (sampling transform, and the engine's convention) for every row."""
+        logps, cmps = [], []
+        zeros = np.zeros(packed.loss_mask.shape, np.float32)
+        for lo in range(0, len(packed.tokens), micro):
+            rows = slice(lo, lo + micro)
+            logp, raw = logprob_fn(self.params, self._parts.base, self._put(packed, rows, zeros[rows]))
+            logps.append(np.asarray(logp))
+            cmps.append(np.asarray(raw if raw is not None else logp))
+        return np.concatenate(logps), np.concatenate(cmps)
+
+    def _update(self, accumulate, packed, old, rows: slice, micro: int, totals: dict) -> tuple[float, float]:
+        """Accumulate gradients over the micro-batches of one mini-batch, then one optimizer update."""
+        weights = token_weights(packed.loss_mask[rows], self.cfg.grpo.loss_agg, self.cfg.grpo.norm_tokens)
+        acc = jax.tree.map(jnp.zeros_like, self.params)
+        loss = 0.0
+        for lo in range(0, rows.stop - rows.start, micro):
+            r = slice(rows.start + lo, rows.start + lo + micro)
+            mb = self._put(packed, r, weights[lo : lo + micro])
+            old_logp, old_cmp = (None, None) if old is None else (
+                jax.device_put(old[0][r], self._batch_sharding), jax.device_put(old[1][r], self._batch_sharding))
+            acc, mb_loss, sums = accumulate(self.params, self._parts.base, acc, mb, old_logp, old_cmp)
+            loss += float(mb_loss)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+        self.params, self.opt_state, norm = self._apply(self.params, self.opt_state, acc)
+        return loss, float(norm)
+
+    @staticmethod
+    def _metrics(totals: dict, losses: list, norms: list, adv: np.ndarray) -> dict[str, float]:
+        tokens = max(totals.pop("tokens"), 1.0)
+        out = {f"learner/{k}": v / tokens for k, v in totals.items()}
+        out["learner/clip_frac"] = out.pop("learner/clip")
+        out["learner/is_ratio_mean"] = out.pop("learner/is_ratio")
+        out["learner/is_clip_frac"] = out.pop("learner/is_clip")
+        out.update({
+            "learner/loss": float(np.mean(losses)),
+            "learner/grad_norm": float(np.mean(norms)),
+            "learner/adv_std": float(np.std(adv)),
+            "learner/updates": float(len(losses)),
+        })
+        return out
+
+    def logits(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+        """Policy logits [B, L, V] (LoRA applied) for right-padded tokens: for evaluation and reference checks."""
+        tokens = np.asarray(tokens, np.int32)
+        valid = np.ones(tokens.shape, bool) if valid is None else np.asarray(valid, bool)
+        if self._logits_fn is None:
+            self._logits_fn = jax.jit(lambda lora, base, t, v: ts.forward_logits(ts.merge(
+                self._parts._replace(base=base), lora), t, v))
+        return np.asarray(self._logits_fn(self.params, self._parts.base, tokens, valid))
+
+    # ---- adapter out ---------------------------------------------------------------------------------------
+    def lora_tensors(self) -> tuple[dict[str, np.ndarray], dict]:
+        """LoRA weights as numpy arrays with PEFT names ([r, in] / [out, r]) and the adapter_config dict."""
+        return peft_tensors(self.params, self.cfg.lora.rank), adapter_config(self.cfg.lora, str(self.model_path))
+
+    def export_lora(self, out_dir: Path) -> Path:
+        """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load."""
+        return write_peft(Path(out_dir), *self.lora_tensors())
+
+    def export_merged(self, out_dir: Path) -> Path:
+        """HF folder with the LoRA folded into the base weights (for serving without LoRA support)."""
+        return write_merged(self.model_path, Path(out_dir), *self.lora_tensors())
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save(self, step: int, extra: dict | None = None) -> None:
+        """Checkpoint LoRA params, optimizer state, `step`, RNG and `extra` (JSON-able, e.g. the data stream)."""
+        if self._checkpointer is None:
+            raise ValueError("Learner.save needs a checkpoint_dir: pass checkpoint_dir= to Learner(...)")
+        meta = {"step": step, "rng": self._rng.bit_generator.state, "extra": extra or {},
+                "lora": self.cfg.lora.model_dump(mode="json")}
+        self._checkpointer.save(step, self.params, self.opt_state, meta)
+
+    def restore(self) -> tuple[int, dict]:
+        """Restore the latest complete checkpoint; (step, extra), or (0, {}) when there is none."""
+        if self._checkpointer is None or self._checkpointer.latest_step() is None:
+            return 0, {}
+        step = self._checkpointer.latest_step()
+        abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
+        lora_cfg = self.cfg.lora.model_dump(mode="json")
+        params, opt_state, meta = self._checkpointer.restore(step, abstract(self.params), abstract(self.opt_state),
+                                                             lora_cfg)
+        self.params, self.opt_state = params, opt_state
+        self._rng.bit_generator.state = meta["rng"]
+        log.info("restored checkpoint step %d from %s", step, self._checkpointer.directory)
+        return int(meta["step"]), meta["extra"]
+
+    def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
+
+def _take(batch: TrainBatch, adv: np.ndarray, order: np.ndarray) -> tuple[TrainBatch, np.ndarray]:
+    """The batch's samples (and their advantages) in `order`."""
+    pick = lambda xs: [xs[i] for i in order]
+    b = TrainBatch(pick(batch.prompt_ids), pick(batch.completion_ids), pick(batch.engine_logprobs),
+                   np.asarray(batch.rewards)[order], np.asarray(batch.group_ids)[order],
+                   batch.temperature, batch.top_k, batch.top_p, batch.min_p)
+    return b, adv[order]

@@ -1,0 +1,49 @@
+"""Reference logits from transformers (+ peft): what the learner's NNX model must reproduce.
+
+Runs in the engine env (torch, transformers, peft), as a script, never imported by the learner:
+    python learner/reference.py MODEL_DIR IN.npz OUT.npz [--adapter DIR] [--merged DIR]
+IN.npz holds `tokens` [B, L] (int); OUT.npz gets `base` (the model alone), and `adapter` (peft with the
+adapter) / `merged` (a merged HF folder) when asked: float32 logits [B, L, V]. Python 3.11, no jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def logits_of(model, tokens: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+
+
+def main() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("inp")
+    parser.add_argument("out")
+    parser.add_argument("--adapter")
+    parser.add_argument("--merged")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    tokens = np.load(args.inp)["tokens"]
+    load = lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    base = load(args.model_dir)
+    out = {"base": logits_of(base, tokens)}
+    if args.adapter:
+        from peft import PeftModel
+
+        out["adapter"] = logits_of(PeftModel.from_pretrained(base, args.adapter).eval(), tokens)
+    if args.merged:
+        out["merged"] = logits_of(load(args.merged), tokens)
+    np.savez(args.out, **out)
+
+
+if __name__ == "__main__":
+    main()

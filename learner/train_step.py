@@ -1,0 +1,121 @@
+"""The jitted pieces of a GRPO update: forward logprobs, one micro-batch's gradient (accumulated), the update.
+
+The model is split once into (graphdef, LoRA params, base state); the LoRA params travel as a plain nested
+dict (what optax and Orbax see) and are merged back into the graph inside each jitted function. Only the LoRA
+dict is differentiated, so the base weights cannot change. Options that change the computation (sampling
+transform, loss options, whether old/ref logprobs are given) are static: a run compiles once per length bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from learner.config import OptimizerConfig
+from learner.loss import LossOptions, Sampling, grpo_token_loss, sampling_logprobs
+from learner.model import forward_logits
+
+__all__ = ["ModelParts", "MicroBatch", "merge", "forward_logits", "make_logprob_fn", "make_accumulate_fn",
+           "make_optimizer", "make_apply_fn"]
+
+
+class MicroBatch(NamedTuple):
+    """Device arrays of one micro-batch ([B, L] unless noted)."""
+
+    tokens: jax.Array
+    targets: jax.Array
+    valid: jax.Array
+    loss_mask: jax.Array
+    engine_logprobs: jax.Array
+    advantages: jax.Array  # [B]
+    weights: jax.Array  # aggregation weights (see loss.token_weights)
+
+
+class ModelParts(NamedTuple):
+    """The split model: static graph, the shape template of the LoRA state, the frozen base state."""
+
+    graphdef: Any
+    lora_template: Any
+    base: Any
+
+
+def merge(parts: ModelParts, lora: dict) -> nnx.Module:
+    state = jax.tree.map(lambda x: x, parts.lora_template)
+    state.replace_by_pure_dict(lora)
+    return nnx.merge(parts.graphdef, state, parts.base)
+
+
+def zero_b(lora: dict) -> dict:
+    """The same LoRA with every B zeroed: the base model (the KL reference) without a second copy of weights."""
+    return {k: zero_b(v) if isinstance(v, dict) else (jnp.zeros_like(v) if k.endswith("lora_b") else v)
+            for k, v in lora.items()}
+
+
+def _logprobs(parts, lora, base, mb: MicroBatch, sampling: Sampling, with_entropy: bool, raw: bool):
+    model = merge(parts._replace(base=base), lora)
+    logits = forward_logits(model, mb.tokens, mb.valid)
+    logp, entropy = sampling_logprobs(logits, mb.targets, sampling, with_entropy)
+    raw_logp = sampling_logprobs(logits, mb.targets, Sampling())[0] if raw else None
+    return logp, entropy, raw_logp
+
+
+def make_logprob_fn(parts: ModelParts, sampling: Sampling, raw: bool):
+    """jit: (lora, base, mb) -> (logp under the sampling transform, raw logp or None); no gradient."""
+
+    def fn(lora, base, mb):
+        logp, _, raw_logp = _logprobs(parts, lora, base, mb, sampling, False, raw)
+        return logp, raw_logp
+
+    return jax.jit(fn)
+
+
+def make_accumulate_fn(parts: ModelParts, sampling: Sampling, opts: LossOptions, raw: bool, off_policy: bool):
+    """jit: (lora, base, grad_acc, mb, old_logp, old_cmp) -> (grad_acc + grad, loss, metric sums).
+
+    on-policy (one update per batch): old logprobs = the current ones, detached; no extra forward.
+    `raw`: the engine reported untransformed logprobs, so the IS/mismatch side compares raw ones.
+    """
+
+    def loss_fn(lora, base, mb, old_logp, old_cmp):
+        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw)
+        if not off_policy:
+            old_logp = jax.lax.stop_gradient(logp)
+            old_cmp = jax.lax.stop_gradient(raw_logp if raw else logp)
+        ref_logp = None
+        if opts.kl_beta > 0.0:
+            ref_logp, _, _ = _logprobs(parts, zero_b(lora), base, mb, sampling, False, False)
+            ref_logp = jax.lax.stop_gradient(ref_logp)
+        loss, sums = grpo_token_loss(
+            logp, old_logp, old_cmp, mb.engine_logprobs, mb.advantages, mb.weights, mb.loss_mask, opts, ref_logp
+        )
+        sums["entropy"] = jnp.sum(mb.loss_mask * entropy)
+        return loss, sums
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def fn(lora, base, acc, mb, old_logp, old_cmp):
+        (loss, sums), grads = grad_fn(lora, base, mb, old_logp, old_cmp)
+        return jax.tree.map(jnp.add, acc, grads), loss, sums
+
+    return jax.jit(fn, donate_argnums=(2,))
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """AdamW (+ global-norm clipping, linear warm-up) over the LoRA dict only."""
+    lr = cfg.lr if cfg.warmup_steps == 0 else optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    adam = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return adam if cfg.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
+
+
+def make_apply_fn(tx: optax.GradientTransformation):
+    """jit: (lora, opt_state, grads) -> (new lora, new opt_state, pre-clip grad norm)."""
+
+    def fn(lora, opt_state, grads):
+        updates, opt_state = tx.update(grads, opt_state, lora)
+        return optax.apply_updates(lora, updates), opt_state, optax.global_norm(grads)
+
+    return jax.jit(fn, donate_argnums=(0, 1, 2))

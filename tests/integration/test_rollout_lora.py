@@ -1,0 +1,148 @@
+"""LoRA pushes and server failures on a real vLLM server (tiny Llama, float32) behind a real Ray actor.
+
+Adapters are written by hand in PEFT layout (random A and B for the 7 Llama projections; B = 0 for the identity
+adapter), as the learner would hand them over, without importing the learner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+
+import httpx
+import numpy as np
+import pytest
+import ray
+
+from rollout.client import RolloutClient, ServerUnavailable
+from rollout.config import ClientConfig, RolloutConfig, VllmConfig
+from rollout.handle import Rollout
+from rollout.types import SamplingParams
+from rollout.vllm_server import VllmBackend
+
+pytestmark = pytest.mark.integration
+
+RANK = 8
+# Over 128 tokens, so vLLM's prefix cache holds full blocks of it: a stale cache across versions would show.
+LONG_PROMPT = [1] + [int(x) for x in np.random.default_rng(0).integers(100, 40000, size=200)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def make_adapter(model_dir, seed: int, zero_b: bool = False, scale: float = 0.5):
+    """PEFT LoRA tensors + config for every projection of a Llama checkpoint (shapes read from its config)."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    q_out, kv_out = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    shapes = {"q_proj": (hidden, q_out), "k_proj": (hidden, kv_out), "v_proj": (hidden, kv_out),
+              "o_proj": (q_out, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+              "down_proj": (inter, hidden)}
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for proj, (d_in, d_out) in shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.{PROJ[proj]}.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, scale, (RANK, d_in)).astype(np.float32)
+            b = np.zeros((d_out, RANK)) if zero_b else rng.normal(0, scale, (d_out, RANK))
+            tensors[f"{prefix}.lora_B.weight"] = b.astype(np.float32)
+    config = {"r": RANK, "lora_alpha": 2 * RANK, "target_modules": list(shapes),
+              "base_model_name_or_path": str(model_dir)}
+    return tensors, config
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_model_dir):
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
+                        client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
+    rollout = Rollout(cfg, tiny_model_dir)
+    try:
+        rollout.start()
+        yield rollout
+    finally:
+        rollout.stop()
+        if started:
+            ray.shutdown()
+
+
+def greedy(rollout: Rollout):
+    [[c]] = rollout.generate([LONG_PROMPT], GREEDY)
+    return c
+
+
+@pytest.fixture(scope="module")
+def base(rollout):
+    return greedy(rollout)
+
+
+def served_models(rollout: Rollout) -> set[str]:
+    return {m["id"] for m in httpx.get(f"{rollout.base_url}/v1/models", timeout=10).json()["data"]}
+
+
+def test_zero_b_adapter_reproduces_base(rollout, base, tiny_model_dir):
+    pause_s = rollout.push_lora(1, *make_adapter(tiny_model_dir, seed=0, zero_b=True))
+    assert 0 < pause_s < 60
+    c = greedy(rollout)
+    assert c.adapter_version == 1
+    assert c.token_ids == base.token_ids, "a zero-B adapter must not change the output"
+    np.testing.assert_allclose(c.logprobs, base.logprobs, atol=1e-4)
+
+
+def test_pushed_adapter_changes_greedy_output(rollout, base, tiny_model_dir):
+    rollout.push_lora(2, *make_adapter(tiny_model_dir, seed=1))
+    c = greedy(rollout)
+    assert c.adapter_version == 2
+    assert c.token_ids != base.token_ids, "a random adapter left greedy output unchanged: was it applied?"
+
+
+def test_new_version_replaces_old_with_no_stale_output(rollout, tiny_model_dir):
+    outputs = {}
+    for version, seed in [(3, 10), (4, 11), (5, 10), (6, 11)]:
+        rollout.push_lora(version, *make_adapter(tiny_model_dir, seed=seed))
+        c = greedy(rollout)
+        assert c.adapter_version == version
+        outputs.setdefault(seed, []).append(c.token_ids)
+        assert served_models(rollout) == {"base", f"policy-v{version}"}, "old versions must be unloaded"
+    assert outputs[10][0] != outputs[11][0], "two random adapters gave the same output; test cannot tell them apart"
+    assert outputs[10][0] == outputs[10][1] and outputs[11][0] == outputs[11][1], "stale output after a push"
+
+
+def test_push_rejects_stale_versions_and_big_ranks(rollout, tiny_model_dir):
+    with pytest.raises(ray.exceptions.RayTaskError, match="must be greater than the current"):
+        rollout.push_lora(1, *make_adapter(tiny_model_dir, seed=0))
+    tensors, config = make_adapter(tiny_model_dir, seed=0)
+    with pytest.raises(ray.exceptions.RayTaskError, match="exceeds rollout.backend.max_lora_rank"):
+        rollout.push_lora(100, tensors, {**config, "r": 64})
+
+
+def test_killed_server_is_reported_and_restarted(rollout):
+    before = greedy(rollout)
+    pid = ray.get(rollout.actor.pid.remote())
+    os.killpg(pid, signal.SIGKILL)
+    time.sleep(1)
+    dead = RolloutClient(rollout.base_url, ClientConfig(max_retries=0), VllmBackend(VllmConfig(), "unused"))
+    import asyncio
+
+    with pytest.raises(ServerUnavailable, match="is the server alive"):
+        asyncio.run(dead.generate([[1, 2]], GREEDY))
+
+    after = greedy(rollout)  # restarts the server, re-pushes the adapter, retries
+    assert after.token_ids == before.token_ids and after.adapter_version == before.adapter_version
+    assert len(rollout.events) == 1 and "died and was restarted" in rollout.events[0]
+    assert ray.get(rollout.actor.pid.remote()) != pid
+
+
+def test_failed_start_carries_the_log_tail(tiny_model_dir, tmp_path):
+    backend = VllmBackend(VllmConfig(extra_args=["--no-such-flag"], startup_timeout_s=300), tiny_model_dir, tmp_path)
+    with pytest.raises(RuntimeError, match="exited with code") as info:
+        backend.start()
+    assert "no-such-flag" in str(info.value), "the error must show the server's own complaint"
+    backend.stop()  # idempotent after a failed start
