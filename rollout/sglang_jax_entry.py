@@ -17,7 +17,8 @@ serves exactly what `rollout.client` and `SglangJaxBackend` speak:
 
 Only one set of weights is live, so a request for any other model name is refused (404) rather than answered
 with the wrong weights. Parameters the engine does not apply are refused (400) here as well as on the driver.
-CPU fixes for the pinned sglang-jax live in `rollout/sglang_jax_patches.py`... see `apply_cpu_patches` below.
+Fixes the pinned sglang-jax needs here are applied at start-up (`compat_model_dir`, `apply_cpu_patches`), each
+documented with its upstream cause and guarded by the version it was written for.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ ENGINE = "sglang_jax"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="HF model folder (safetensors + config + tokenizer)")
+    p.add_argument("--workdir", default=".", help="where the model view (if any) is written")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--served-model-name", default="base")
@@ -115,18 +117,86 @@ def choice(index: int, out: dict[str, Any], top_n: int) -> dict[str, Any]:
     }
 
 
+# ---- start-up fixes -----------------------------------------------------------------------------------------------
+
+def compat_model_dir(model: Path, out: Path) -> Path:
+    """A folder view of `model` that transformers 4.55 (pinned by sglang-jax 0.0.2) reads as it was written.
+
+    Our model folders are saved by transformers 5, which (1) names the tokenizer class `TokenizersBackend`, unknown
+    to 4.55 ("Tokenizer class TokenizersBackend does not exist"), and (2) moves `rope_theta` into
+    `rope_parameters`, so 4.55 would silently fall back to theta 10000 and generate from wrong positions. The view
+    symlinks everything and rewrites only those two keys; a folder already in the old format passes through.
+    """
+    config = json.loads((model / "config.json").read_text())
+    tok_path = model / "tokenizer_config.json"
+    tok = json.loads(tok_path.read_text()) if tok_path.exists() else {}
+    rope = config.get("rope_parameters") or {}
+    needs_rope = "rope_theta" not in config and "rope_theta" in rope
+    needs_tok = tok.get("tokenizer_class") == "TokenizersBackend"
+    if not (needs_rope or needs_tok):
+        return model
+    out.mkdir(parents=True, exist_ok=True)
+    for item in model.iterdir():
+        if item.name not in ("config.json", "tokenizer_config.json") and not (out / item.name).exists():
+            (out / item.name).symlink_to(item.resolve())
+    if needs_rope:
+        config["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = rope
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    if needs_tok:
+        tok["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if tok:
+        (out / "tokenizer_config.json").write_text(json.dumps(tok, indent=1))
+    return out
+
+
+def apply_cpu_patches() -> list[str]:
+    """Small fixes sglang-jax 0.0.2 needs on the JAX CPU backend; returns the names of those applied."""
+    from importlib.metadata import version
+
+    applied: list[str] = []
+    if version("sglang-jax") != "0.0.2":  # written against 0.0.2 only; a newer release must be re-checked
+        return applied
+    _import_native_attention_once()
+    applied.append("native-attention-pytree")
+    return applied
+
+
+def _import_native_attention_once() -> None:
+    # Cause: `NativeAttention` subclasses `nnx.Module`, which flax 0.12 already registers as a pytree, and is also
+    # decorated with `jax.tree_util.register_pytree_node_class`, so importing it raises "Duplicate custom PyTreeDef
+    # type registration" (the TPU path never imports it). Import it once with a decorator that keeps the first
+    # registration; nnx's flattening of a module holding only ints is equivalent. Scoped to this one import.
+    import jax.tree_util as tree_util
+
+    original = tree_util.register_pytree_node_class
+
+    def register_once(cls):
+        try:
+            return original(cls)
+        except ValueError as e:
+            if "Duplicate custom PyTreeDef" not in str(e):
+                raise
+            return cls
+
+    tree_util.register_pytree_node_class = register_once
+    try:
+        import sgl_jax.srt.layers.attention.native_backend  # noqa: F401
+    finally:
+        tree_util.register_pytree_node_class = original
+
+
 # ---- server -----------------------------------------------------------------------------------------------------
 
 def build_engine(args: argparse.Namespace):
     """The in-process SGLang-JAX engine, with our CPU fixes applied first."""
-    from sglang_jax_patches import apply_cpu_patches
-
     applied = apply_cpu_patches()
     log.info("sgl_jax CPU patches applied: %s", applied or "none")
     from sgl_jax.srt.entrypoints.engine import Engine
 
     kwargs: dict[str, Any] = dict(
-        model_path=args.model, device=args.device, dtype=args.dtype, tp_size=args.tp_size,
+        model_path=str(args.model_dir), device=args.device, dtype=args.dtype, tp_size=args.tp_size,
         context_length=args.max_model_len, max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests, page_size=args.page_size, random_seed=args.random_seed,
         enable_deterministic_sampling=args.deterministic_sampling, enable_single_process=True,
@@ -144,8 +214,6 @@ def build_app(engine, args: argparse.Namespace):
     """The FastAPI app around `engine`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
-    from sglang_jax_weights import MergedLora
-
     app = FastAPI()
     lora = MergedLora(engine, Path(args.model))
     state = {"model": args.served_model_name}  # the name of the weights that are live
@@ -221,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.device == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # our helper modules, without importing `rollout`
+    args.model_dir = compat_model_dir(Path(args.model), Path(args.workdir) / "model-view")
     t0 = time.perf_counter()
     engine = build_engine(args)
     log.info("engine ready in %.1f s", time.perf_counter() - t0)

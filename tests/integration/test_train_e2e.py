@@ -76,9 +76,11 @@ def expected_prompt_texts(run_dir: Path, steps: int) -> list[str]:
     return [renderer.text(stream.next_batch()[0]) for _ in range(steps)]
 
 
-def test_interrupted_run_resumes_at_the_next_step_and_data_position(tmp_path, tiny_model_dir):
-    run_dir = tmp_path / "run"
-    # save_every is large: the only checkpoint is the one the interrupt handler writes.
+@pytest.fixture(scope="module")
+def interrupted_then_resumed(tmp_path_factory, tiny_model_dir):
+    """A 6-step run interrupted (SIGINT) after >= 2 steps, then resumed to the end: (run_dir, saved step, log)."""
+    run_dir = tmp_path_factory.mktemp("e2e") / "run"
+    # save_every is large: the only checkpoint before the end is the one the interrupt handler writes.
     proc = subprocess.Popen(train_cmd("--config", str(CONFIG), "--run-dir", str(run_dir), *TINY,
                                       "train.steps=6", "train.save_every=100"),
                             cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -86,12 +88,16 @@ def test_interrupted_run_resumes_at_the_next_step_and_data_position(tmp_path, ti
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0, "an interrupted run must not report success"
-    done = read_metrics(run_dir)
     assert "checkpoint saved at step" in out, f"no checkpoint written on interrupt:\n{out[-3000:]}"
     saved = int(out.rsplit("checkpoint saved at step", 1)[1].split()[0])
+    done = read_metrics(run_dir)
     assert 6 > saved >= len(done) >= 2, (saved, len(done))
-
     run_train(["--resume", str(run_dir)])
+    return run_dir, saved
+
+
+def test_interrupted_run_resumes_at_the_next_step_and_data_position(interrupted_then_resumed):
+    run_dir, saved = interrupted_then_resumed
     rows = read_metrics(run_dir)
     resumed = [r for r in rows if r["step"] > saved]
     assert [r["step"] for r in resumed] == list(range(saved + 1, 7)), [r["step"] for r in rows]
@@ -113,6 +119,38 @@ def test_interrupted_run_resumes_at_the_next_step_and_data_position(tmp_path, ti
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
     assert (run_dir / "plots" / "reward.png").exists()
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+
+
+def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
+    """`python -m orchestration.serve RUN_DIR` serves the run's adapter by name through the same engine."""
+    import httpx
+
+    run_dir, _ = interrupted_then_resumed
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.serve", str(run_dir), "--port", str(port),
+                             "--name", "trained", "--api-key", "secret-key"],
+                            cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                raise AssertionError("serve exited early:\n" + "".join(lines[-40:]))
+            lines.append(line)
+            if line.startswith("  curl "):
+                break
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        body = {"model": "trained", "prompt": "Using the numbers", "max_tokens": 5, "temperature": 0}
+        assert httpx.post(url, json=body, timeout=60).status_code == 401, "the API key was not enforced"
+        reply = httpx.post(url, json=body, headers={"Authorization": "Bearer secret-key"}, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == "trained"
+        assert reply.json()["choices"][0]["text"], "empty completion"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
 
 
 def engine_processes(root_pid: int):
