@@ -50,7 +50,12 @@ class Learner:
         self._parts = ts.ModelParts(graphdef, template, base)
         self.params: dict = lora_state.to_pure_dict()
         self._tx = ts.make_optimizer(cfg.optimizer)
-        self.opt_state = jax.jit(self._tx.init)(self.params)
+        # Scalars (Adam's step count) would land on the default device 0: pin every leaf to the learner's mesh.
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        mesh_devices = set(self.mesh.devices.flat)
+        self.opt_state = jax.tree.map(
+            lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, replicated),
+            jax.jit(self._tx.init)(self.params))
         self._apply = ts.make_apply_fn(self._tx)
         self._fns: dict[tuple, Any] = {}  # compiled step pieces per (sampling, off_policy)
         self._logits_fn = None
@@ -153,6 +158,11 @@ class Learner:
             "learner/updates": float(len(losses)),
         })
         return out
+
+    @property
+    def base_state(self) -> nnx.State:
+        """The frozen base weights (never updated; exposed so tests can check that)."""
+        return self._parts.base
 
     def logits(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
         """Policy logits [B, L, V] (LoRA applied) for right-padded tokens: for evaluation and reference checks."""

@@ -141,5 +141,7 @@ class Rollout:
             return
         try:
             ray.get(actor.shutdown.remote())
+        except ray.exceptions.RayActorError:  # the actor already died; its server went down with it (PDEATHSIG)
+            log.warning("rollout actor was already dead at stop()")
         finally:
             ray.kill(actor)

@@ -46,6 +46,10 @@ class SglangJaxConfig(BaseModel):
     """Context length (prompt + completion) a request may use."""
     max_total_tokens: int = Field(16384, ge=256)
     """KV cache size in tokens (all running requests together); on CPU this replaces memory profiling."""
+    kv_cache_space_gb: float | None = Field(None, gt=0)
+    """KV cache size in GiB instead of max_total_tokens (same key as vLLM's, so a config moves between engines)."""
+    max_lora_rank: int = Field(16, ge=1)
+    """Largest LoRA rank push_lora accepts; the merge has no limit of its own, the check keeps parity with vLLM."""
     max_running_requests: int = Field(64, ge=1)
     """Sequences decoded together (a prompt with n samples counts n)."""
     page_size: int = Field(1, ge=1)

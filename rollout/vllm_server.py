@@ -18,7 +18,6 @@ Standalone use (e.g. `orchestration/serve.py`, a server with an adapter under a 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-_PR_SET_PDEATHSIG = 1
 # Variables of the driver's env (Python 3.12, jax, Ray worker settings) that must not leak into the engine env.
 _DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
@@ -51,11 +49,12 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    # If the actor that owns the server is killed (Ray kills workers with SIGKILL), the server gets SIGTERM and
-    # shuts its engine down instead of lingering with ~5 GB of RAM.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# Runs first in the server process, then execs the real server in place (the setting survives exec): if the actor
+# that owns the server is killed (Ray kills workers with SIGKILL), the server gets SIGTERM and shuts its engine
+# down instead of lingering with ~5 GB of RAM. Done here rather than in a Popen preexec_fn, which is unsafe in a
+# process with threads (a Ray worker has many).
+_LAUNCHER = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
+             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 class VllmBackend:
@@ -75,7 +74,7 @@ class VllmBackend:
         """The server's command line."""
         c = self.cfg
         cmd = [
-            str(c.interpreter), "-m", SERVER_MODULE, "--model", str(self.model_path),
+            str(c.interpreter), "-c", _LAUNCHER, "-m", SERVER_MODULE, "--model", str(self.model_path),
             "--served-model-name", c.served_model_name, "--host", c.host, "--port", str(port),
             "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
             "--gpu-memory-utilization", str(c.gpu_memory_utilization),
@@ -123,8 +122,7 @@ class VllmBackend:
         log.info("starting vLLM on %s:%d (log %s)", self.cfg.host, port, self._log_path)
         with open(self._log_path, "ab") as out:
             self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.environment(), cwd=self.workdir, start_new_session=True,
-                                          preexec_fn=_die_with_parent)
+                                          env=self.environment(), cwd=self.workdir, start_new_session=True)
         self.base_url = f"http://{self.cfg.host}:{port}"
         try:
             self._wait_healthy()

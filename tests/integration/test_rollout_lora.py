@@ -140,6 +140,25 @@ def test_killed_server_is_reported_and_restarted(rollout):
     assert ray.get(rollout.actor.pid.remote()) != pid
 
 
+def test_killed_actor_takes_its_server_down(rollout):
+    pid = ray.get(rollout.actor.pid.remote())
+    ray.kill(rollout.actor)  # SIGKILL: no clean-up code runs in the actor
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and group_alive(pid):
+        time.sleep(1)
+    assert not group_alive(pid), "the engine outlived its actor: it would hold ~5 GB with no owner"
+    rollout.stop()  # idempotent, also with a dead actor
+    rollout.stop()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_failed_start_carries_the_log_tail(tiny_model_dir, tmp_path):
     backend = VllmBackend(VllmConfig(extra_args=["--no-such-flag"], startup_timeout_s=300), tiny_model_dir, tmp_path)
     with pytest.raises(RuntimeError, match="exited with code") as info:

@@ -1,0 +1,151 @@
+"""Learner benchmark: one GRPO train step on the issue's batch, against this CPU's own matmul speed and Tunix.
+
+    .venv/bin/python bench/bench_learner.py [--model smollm2-135m-instruct] [--steps 2] [--tunix]
+
+Batch: 8 prompts x 8 samples, 64 prompt + 192 completion tokens, LoRA r16 (defaults of LearnerConfig).
+Prints, measured in this one run:
+- step_s: our steady-state step time (after one compile step);
+- mfu_cpu = achieved model FLOP/s / measured f32 matmul FLOP/s of this machine (FLOPs: forward + the backward
+  to activations, which is what a frozen-base LoRA step costs; LoRA's own matmuls are negligible);
+- peak RSS of the process;
+- with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
+  LoRA, batch, micro-batching) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
+  loop (which also owns rollout and threading), so it compares the train step alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+PROMPTS, SAMPLES, PROMPT_LEN, COMPLETION_LEN = 8, 8, 64, 192
+
+
+def make_batch(vocab: int, seed: int = 0):
+    import numpy as np
+
+    from learner.batch import TrainBatch
+
+    rng = np.random.default_rng(seed)
+    n = PROMPTS * SAMPLES
+    prompts = [list(p) for p in rng.integers(3, vocab, (PROMPTS, PROMPT_LEN)).repeat(SAMPLES, 0)]
+    completions = [list(rng.integers(3, vocab, COMPLETION_LEN)) for _ in range(n)]
+    logprobs = [list(-rng.random(COMPLETION_LEN) * 2) for _ in range(n)]
+    return TrainBatch(prompts, completions, logprobs, rng.random(n), np.repeat(np.arange(PROMPTS), SAMPLES))
+
+
+def matmul_flops_per_s(n: int = 2048, reps: int = 5) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        f(a).block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+def step_flops(hf: dict, tokens: int, seq: int) -> float:
+    """Forward + activation-gradient FLOPs (2x forward) of one step over `tokens` tokens of length `seq`."""
+    d, f, layers, v = hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
+    hd = hf.get("head_dim") or d // heads
+    per_layer = d * heads * hd * 2 + d * kv * hd * 2 + 3 * d * f  # q, o, k, v, mlp
+    forward = 2 * tokens * (layers * per_layer + d * v) + layers * 4 * tokens * seq * heads * hd
+    return 2.0 * forward
+
+
+def time_steps(step, batch, steps: int) -> float:
+    step(batch)  # compile
+    t = time.perf_counter()
+    for _ in range(steps):
+        step(batch)
+    return (time.perf_counter() - t) / steps
+
+
+def tunix_step_fn(learner, batch):
+    """A train step built from Tunix's GRPO loss on the learner's own model (same LoRA, same micro-batches)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from tunix.rl import algo_core, common
+    from tunix.rl.grpo.grpo_learner import GRPOConfig
+
+    from learner import train_step as ts
+
+    model = ts.merge(learner._parts, learner.params)
+    optimizer = nnx.Optimizer(model, optax.adamw(learner.cfg.optimizer.lr), wrt=nnx.LoRAParam)
+    algo = GRPOConfig(num_generations=SAMPLES, beta=0.0, loss_agg_mode="token-mean")
+    algo.temperature = 1.0
+    micro = learner.cfg.grpo.micro_batch_size
+
+    @nnx.jit
+    def micro_grads(model, example):
+        return nnx.grad(lambda m: algo_core.grpo_loss_fn(m, example, algo, 0, 2)[0], argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
+
+    @nnx.jit
+    def apply(model, optimizer, grads):
+        optimizer.update(model, grads)
+
+    prompts = jnp.asarray(np.asarray(batch.prompt_ids, np.int32))
+    comps = jnp.asarray(np.asarray(batch.completion_ids, np.int32))
+    adv = jnp.asarray(algo_core.compute_advantages(np.asarray(batch.rewards, np.float32), SAMPLES))
+
+    def step(_batch):
+        total = None
+        for lo in range(0, len(prompts), micro):
+            s = slice(lo, lo + micro)
+            ex = common.TrainExample(prompt_ids=prompts[s], prompt_mask=jnp.ones_like(prompts[s]),
+                                     completion_ids=comps[s], completion_mask=jnp.ones(comps[s].shape, jnp.float32),
+                                     advantages=adv[s], ref_per_token_logps=None, old_per_token_logps=None)
+            g = micro_grads(model, ex)
+            total = g if total is None else jax.tree.map(jnp.add, total, g)
+        apply(model, optimizer, total)
+        jax.block_until_ready(nnx.state(model, nnx.LoRAParam))
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--tunix", action="store_true", help="also time Tunix's GRPO loss step")
+    args = parser.parse_args()
+
+    from learner.config import LearnerConfig
+    from learner.learner import Learner
+    from learner.model import read_hf_config
+    from orchestration.prepare_model import model_dir
+
+    path = model_dir(args.model)
+    hf = read_hf_config(path)
+    cfg = LearnerConfig.model_validate({"grpo": {"micro_batch_size": args.micro_batch}})
+    learner = Learner(cfg, path)
+    batch = make_batch(hf["vocab_size"])
+    peak_flops = matmul_flops_per_s()
+    ours = time_steps(learner.step, batch, args.steps)
+    seq = PROMPT_LEN + COMPLETION_LEN
+    achieved = step_flops(hf, len(batch) * seq, seq) / ours
+    print(f"batch: {PROMPTS} prompts x {SAMPLES} samples x {COMPLETION_LEN} tokens (+{PROMPT_LEN} prompt), "
+          f"{args.model}, LoRA r{cfg.lora.rank}, micro-batch {args.micro_batch}")
+    print(f"step_s: {ours:.2f}")
+    print(f"achieved: {achieved / 1e9:.1f} GFLOP/s; matmul peak here: {peak_flops / 1e9:.1f} GFLOP/s; "
+          f"mfu_cpu = {achieved / peak_flops:.3f}")
+    if args.tunix:
+        theirs = time_steps(tunix_step_fn(learner, batch), batch, args.steps)
+        print(f"tunix_loss_step_s: {theirs:.2f}; ratio ours/tunix = {ours / theirs:.3f} (target <= 0.9)")
+    print(f"peak_rss_gb: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}")
+
+
+if __name__ == "__main__":
+    main()
