@@ -61,8 +61,10 @@ def step_flops(hf: dict, tokens: int, seq: int) -> float:
     return 2.0 * forward
 
 
-def time_steps(step, batch, steps: int) -> float:
+def time_steps(step, batch, steps: int, label: str) -> float:
+    t = time.perf_counter()
     step(batch)  # compile
+    print(f"{label}: first step (with compile) {time.perf_counter() - t:.1f}s", flush=True)
     t = time.perf_counter()
     for _ in range(steps):
         step(batch)
@@ -133,16 +135,16 @@ def main() -> None:
     learner = Learner(cfg, path)
     batch = make_batch(hf["vocab_size"])
     peak_flops = matmul_flops_per_s()
-    ours = time_steps(learner.step, batch, args.steps)
+    ours = time_steps(learner.step, batch, args.steps, "ours")
     seq = PROMPT_LEN + COMPLETION_LEN
     achieved = step_flops(hf, len(batch) * seq, seq) / ours
     print(f"batch: {PROMPTS} prompts x {SAMPLES} samples x {COMPLETION_LEN} tokens (+{PROMPT_LEN} prompt), "
           f"{args.model}, LoRA r{cfg.lora.rank}, micro-batch {args.micro_batch}")
-    print(f"step_s: {ours:.2f}")
+    print(f"step_s: {ours:.2f}", flush=True)
     print(f"achieved: {achieved / 1e9:.1f} GFLOP/s; matmul peak here: {peak_flops / 1e9:.1f} GFLOP/s; "
           f"mfu_cpu = {achieved / peak_flops:.3f}")
     if args.tunix:
-        theirs = time_steps(tunix_step_fn(learner, batch), batch, args.steps)
+        theirs = time_steps(tunix_step_fn(learner, batch), batch, args.steps, "tunix")
         print(f"tunix_loss_step_s: {theirs:.2f}; ratio ours/tunix = {ours / theirs:.3f} (target <= 0.9)")
     print(f"peak_rss_gb: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}")
 

@@ -118,4 +118,4 @@ def make_apply_fn(tx: optax.GradientTransformation):
         updates, opt_state = tx.update(grads, opt_state, lora)
         return optax.apply_updates(lora, updates), opt_state, optax.global_norm(grads)
 
-    return jax.jit(fn, donate_argnums=(0, 1, 2))
+    return jax.jit(fn, donate_argnums=(0, 1))

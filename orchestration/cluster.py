@@ -39,9 +39,9 @@ def connect(cfg: RunConfig) -> bool:
 
 def start_learner(cfg: RunConfig, checkpoint_dir: Path):
     """The learner actor; its model loads in the background while the rollout server starts."""
-    from learner.actor import LearnerActor
+    from learner.actor import start_learner_actor
 
-    return LearnerActor.create(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
+    return start_learner_actor(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
 
 
 def start_rollout(cfg: RunConfig):

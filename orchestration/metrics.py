@@ -69,7 +69,8 @@ class MetricsLog:
 
     def summary_line(self, step: int, m: dict[str, Any]) -> str:
         rewards = " ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in m.items()
-                           if k.startswith("reward/") and k != "reward/total" and isinstance(v, float))
+                           if k.startswith("reward/") and k not in ("reward/total", "reward/total_std", "reward/errors")
+                           and isinstance(v, float))
         eta = self.eta_s(step)
         return (f"step {step}/{self.total_steps} | reward {m.get('reward/total', float('nan')):.3f} ({rewards}) | "
                 f"len {m.get('rollout/completion_len_mean', 0):.0f} | gen {m.get('timing/generate', 0):.1f}s "

@@ -47,6 +47,7 @@ def setup_logging(run_dir: Path) -> None:
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
 
 
 def main(argv: list[str] | None = None) -> int:

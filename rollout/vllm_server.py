@@ -49,12 +49,9 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-# Runs first in the server process, then execs the real server in place (the setting survives exec): if the actor
-# that owns the server is killed (Ray kills workers with SIGKILL), the server gets SIGTERM and shuts its engine
-# down instead of lingering with ~5 GB of RAM. Done here rather than in a Popen preexec_fn, which is unsafe in a
-# process with threads (a Ray worker has many).
-_LAUNCHER = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
-             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+# The server runs under a small supervisor that takes the whole process group down when the owner (the actor) dies
+# or the server exits, so the engine core never lingers as an orphan (see engine_launcher.py).
+LAUNCHER = Path(__file__).with_name("engine_launcher.py")
 
 
 class VllmBackend:
@@ -74,7 +71,7 @@ class VllmBackend:
         """The server's command line."""
         c = self.cfg
         cmd = [
-            str(c.interpreter), "-c", _LAUNCHER, "-m", SERVER_MODULE, "--model", str(self.model_path),
+            str(c.interpreter), "-I", str(LAUNCHER), "-m", SERVER_MODULE, "--model", str(self.model_path),
             "--served-model-name", c.served_model_name, "--host", c.host, "--port", str(port),
             "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
             "--gpu-memory-utilization", str(c.gpu_memory_utilization),
@@ -100,6 +97,7 @@ class VllmBackend:
             "OMP_NUM_THREADS": threads,
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
+            "AHA_LAUNCHER_PARENT": str(os.getpid()),
         })
         if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
@@ -154,7 +152,7 @@ class VllmBackend:
         return self._proc is not None and self._proc.poll() is None and self._healthy(timeout_s=5.0)
 
     def pid(self) -> int | None:
-        """Process id of the API server (also its process group id)."""
+        """Process id of the server's launcher, which is also its process group id."""
         return self._proc.pid if self._proc is not None else None
 
     def stop(self) -> None:

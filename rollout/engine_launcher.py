@@ -1,0 +1,61 @@
+"""Supervisor that runs an engine server and takes its whole process group down with it.
+
+    python -I rollout/engine_launcher.py -m vllm.entrypoints.openai.api_server ARGS...
+
+Why: the server (vLLM's API server) spawns an engine-core process holding the model (~5 GB). If the Ray actor that
+owns the server is killed (Ray then SIGKILLs the worker's direct children), or the API server dies, the engine core
+was seen to linger as an orphan. This launcher is the process-group leader: it and the server each ask the kernel
+for SIGTERM when their parent dies (a SIGTERMed API server shuts its engine core down), and on SIGTERM or when the
+server exits the launcher stops every process of its group (SIGTERM, then SIGKILL).
+
+Runs in the engine's interpreter (Python 3.11, stdlib only). `-I` keeps this folder off sys.path (its `types.py`
+would shadow the standard library's).
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+GRACE_S = 15.0
+_stop_requested: list[float] = []
+
+
+def on_sigterm(*_: object) -> None:
+    # Only signal here: waiting on the child inside a handler would race Popen's own wait lock.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _stop_requested.append(time.monotonic())
+    os.killpg(0, signal.SIGTERM)
+
+
+def die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when this process's parent dies."""
+    ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def main() -> None:
+    die_with_parent()
+    if str(os.getppid()) != os.environ.get("AHA_LAUNCHER_PARENT", str(os.getppid())):
+        sys.exit("[engine_launcher] the process that started me is already gone; not starting the server")
+    # Ray SIGKILLs a dying worker's direct children (this launcher) before any clean-up can run, so the server
+    # gets its own death signal tied to this launcher. preexec_fn is safe here: this process has one thread.
+    child = subprocess.Popen([sys.executable, *sys.argv[1:]], preexec_fn=die_with_parent)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    while child.poll() is None:
+        if _stop_requested and time.monotonic() - _stop_requested[0] > GRACE_S:
+            break
+        time.sleep(0.2)
+    # The server is gone (or ignored SIGTERM for GRACE_S): end whatever is left of the group, this launcher last.
+    reason = "stop requested" if _stop_requested else f"server exited with code {child.returncode}"
+    print(f"[engine_launcher] {reason}; stopping process group {os.getpgid(0)}", flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(3.0)
+    os.killpg(0, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
