@@ -102,6 +102,15 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def check_logprob_semantics(self) -> "RunConfig":
         # The importance correction compares learner and engine logprobs of the same distribution.
+        s = self.rollout.sampling
+        truncated = s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0.0
+        if self.rollout.backend.kind == "sglang_jax" and truncated and self.learner.grpo.is_cap is not None:
+            # SGLang-JAX reports logprobs after temperature but before top-k/top-p/min-p truncation.
+            raise ValueError(
+                "rollout.backend.kind sglang_jax returns logprobs before top_k/top_p/min_p truncation, so the "
+                "importance correction would compare different distributions; use top_k=-1, top_p=1, min_p=0 "
+                "with sglang_jax, or set learner.grpo.is_cap: null"
+            )
         mode = getattr(self.rollout.backend, "logprobs_mode", None)
         want = {"processed": "processed_logprobs", "raw": "raw_logprobs"}[self.learner.grpo.engine_logprobs]
         if mode is not None and mode != want:
@@ -167,7 +176,7 @@ def format_validation_error(err: ValidationError) -> str:
             continue
         msg = entry["msg"].removeprefix("Value error, ")
         got = f" (got {entry['input']!r})" if entry["type"] != "missing" and not isinstance(entry["input"], dict) else ""
-        lines.append(f"{path}: {msg}{got}")
+        lines.append(f"{path}: {msg}{got}" if loc else msg)
     return "\n".join(lines)
 
 

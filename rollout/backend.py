@@ -67,5 +67,9 @@ def setup_backend(cfg: BackendConfig, model_path: Path, workdir: Path | None = N
             from rollout.vllm_server import VllmBackend
 
             return VllmBackend(cfg, model_path, workdir)
+        case "sglang_jax":
+            from rollout.sglang_jax_server import SglangJaxBackend
+
+            return SglangJaxBackend(cfg, model_path, workdir)
         case _:  # unreachable while the union validates `kind`; kept for the next engine
-            raise ValueError(f"rollout.backend.kind {cfg.kind!r} has no backend; use 'vllm'")
+            raise ValueError(f"rollout.backend.kind {cfg.kind!r} has no backend; use 'vllm' or 'sglang_jax'")

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.types import SamplingParams
 
 
@@ -79,7 +80,7 @@ class VllmConfig(_Strict):
         return Path(self.python).expanduser() if self.python else default_engine_python()
 
 
-BackendConfig = Annotated[Union[VllmConfig], Field(discriminator="kind")]  # noqa: UP007 (SglangJaxConfig joins)
+BackendConfig = Annotated[Union[VllmConfig, SglangJaxConfig], Field(discriminator="kind")]  # noqa: UP007
 
 
 class RolloutResources(_Strict):

@@ -1,4 +1,4 @@
-"""SGLang-JAX served through our rollout HTTP contract; run by the SGLang-JAX env's interpreter, never imported.
+"""SGLang-JAX served through our rollout HTTP contract; a program for the SGLang-JAX env's interpreter.
 
     $AHA_CACHE/envs/sglang_jax/bin/python -P rollout/sglang_jax_entry.py --model DIR --port P [--device cpu ...]
 
@@ -18,16 +18,15 @@ serves exactly what `rollout.client` and `SglangJaxBackend` speak:
 Only one set of weights is live, so a request for any other model name is refused (404) rather than answered
 with the wrong weights. Parameters the engine does not apply are refused (400) here as well as on the driver.
 Fixes the pinned sglang-jax needs here are applied at start-up (`compat_model_dir`, `apply_cpu_patches`), each
-documented with its upstream cause and guarded by the version it was written for.
+documented with its upstream cause and guarded by the version it was written for. Module level imports only the
+standard library (engine imports happen inside functions), so tests import the pure helpers from the learner env.
 """
-
 
 import argparse
 import asyncio
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -353,7 +352,7 @@ def _import_native_attention_once() -> None:
 # ---- LoRA merged into the running engine ------------------------------------------------------------------------
 
 def peft_target(name: str) -> tuple[str, str]:
-    """(HF weight name, "A" or "B") of a PEFT tensor name, e.g. base_model.model.model.layers.0.mlp.up_proj.lora_A.weight."""
+    """(HF weight name, "A" or "B") of a PEFT tensor name (base_model.model.model.layers.0.mlp.up_proj.lora_A...)."""
     stem = name.removeprefix("base_model.model.")
     for part in ("A", "B"):
         suffix = f".lora_{part}.weight"

@@ -207,7 +207,7 @@ class SglangJaxBackend:
         return payload
 
     def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
-        """Token ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs and stop_reason as extra."""
+        """Token ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs, stop_reason as extra."""
         token_ids = choice.get("token_ids")
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")

