@@ -75,3 +75,16 @@ def test_cli_config_error_exits_2_without_traceback(tmp_path):
     assert "bogus_section: unknown key" in proc.stderr
     assert "train.steps: Input should be greater than or equal to 1 (got 0)" in proc.stderr
     assert not (tmp_path / "run").exists(), "a config error must not create a run directory"
+
+
+def test_engine_is_one_key_and_its_limits_are_checked_at_load():
+    cfg = load_config(DEMO, ["rollout.backend.kind=sglang_jax"])
+    assert cfg.rollout.backend.kind == "sglang_jax"
+    assert cfg.rollout.sampling == load_config(DEMO).rollout.sampling, "switching engines changed the sampling"
+    with pytest.raises(ConfigError, match="sglang_jax returns logprobs before top_k"):
+        load_config(DEMO, ["rollout.backend.kind=sglang_jax", "rollout.sampling.top_p=0.9"])
+
+
+def test_lora_rank_must_fit_the_engine():
+    with pytest.raises(ConfigError, match=r"learner.lora.rank \(32\) exceeds rollout.backend.max_lora_rank \(16\)"):
+        load_config(DEMO, ["learner.lora.rank=32"])

@@ -1,0 +1,152 @@
+"""`ServerProcess`: what every engine backend does with its server process, written once.
+
+An engine server runs from its own env as a subprocess in its own session (so stop() can take the API server and
+its engine children down as one process group), logs to a file whose tail goes into every error, and is healthy
+when `GET /health` answers 200. Subclasses give the command line, the environment and the wire format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+# Variables of the driver's env (Python 3.12, jax, Ray worker settings) that must not leak into an engine env.
+DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
+
+
+def free_port(host: str) -> int:
+    """A port that is free on `host` right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ServerProcess:
+    """Launch, watch, stop and control one engine server; subclasses define command() and environment()."""
+
+    engine_name = "engine"
+    """Name used in logs and errors."""
+    setup_hint = "run `bash scripts/setup_envs.sh`"
+    """What to do when the engine's interpreter is missing."""
+    control_timeout_s = 120.0
+    """Timeout of control-plane calls (adapter load/unload)."""
+
+    def __init__(self, cfg: Any, model_path: Path, workdir: Path | None = None):
+        self.cfg = cfg
+        self.model_path = Path(model_path)
+        self.workdir = Path(workdir) if workdir else None
+        self.base_url: str | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log_path: Path | None = None
+
+    def command(self, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def start(self) -> str:
+        """Launch the server and block until /health answers; return base_url. Raises with the log tail."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self.base_url
+        if not self.cfg.interpreter.exists():
+            raise FileNotFoundError(f"{self.engine_name} interpreter {self.cfg.interpreter} not found; "
+                                    f"{self.setup_hint}")
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        port = self.cfg.port or free_port(self.cfg.host)
+        self._log_path = self.workdir / f"server-{port}-{int(time.time())}.log"
+        log.info("starting %s on %s:%d (log %s)", self.engine_name, self.cfg.host, port, self._log_path)
+        with open(self._log_path, "ab") as out:
+            self._proc = subprocess.Popen(self.command(port), stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.environment(), cwd=self.workdir,
+                                          start_new_session=True)
+        self.base_url = f"http://{self.cfg.host}:{port}"
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self.base_url
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"{self.engine_name} server exited with code {self._proc.returncode} during "
+                                   f"start-up; last lines of {self._log_path}:\n{self.log_tail()}")
+            if self._healthy(timeout_s=2.0):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.engine_name} server not healthy after {self.cfg.startup_timeout_s:.0f} s; raise "
+                           f"rollout.backend.startup_timeout_s or read {self._log_path}:\n{self.log_tail()}")
+
+    def _healthy(self, timeout_s: float) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def is_alive(self) -> bool:
+        """Whether the process runs and /health answers 200."""
+        return self._proc is not None and self._proc.poll() is None and self._healthy(timeout_s=5.0)
+
+    def pid(self) -> int | None:
+        """Process id of the server's first process, which is also its process group id."""
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after 20 s; safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait_s)
+            if not group_alive(proc.pid):
+                break
+        log.info("%s server %d stopped", self.engine_name, proc.pid)
+
+    def log_tail(self, n: int = 50) -> str:
+        """The last n lines of the server log ('' before start)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with open(self._log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+
+    def _control(self, route: str, body: dict[str, Any]) -> None:
+        if self.base_url is None:
+            raise RuntimeError(f"{route}: the {self.engine_name} server is not started; call start() first")
+        try:
+            resp = httpx.post(f"{self.base_url}{route}", json=body, timeout=self.control_timeout_s)
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"{route} failed ({e!r}); server log:\n{self.log_tail()}") from e
+        if resp.status_code != 200:
+            raise RuntimeError(f"{route} {body} -> {resp.status_code}: {resp.text.strip()[:500]}")
