@@ -53,6 +53,9 @@ class DataConfig(BaseModel):
     """countdown: generated puzzles; math: generated word problems; gsm8k: a local GSM8K JSONL file."""
     template: Literal["chat", "base"] = "chat"
     """chat: system + user messages for a chat template; base: TinyZero's plain-text prefix ending in `<think>`."""
+    assistant_prefix: str = ""
+    """Chat only: text the assistant's turn starts with (e.g. "<think>\n"), as TinyZero's base template does, so a
+    small model starts on the format's track; the format reward accepts a completion without the opening tag."""
     seed: int = 0
     """Seeds the generators; same config, same prompts."""
     train_size: int = Field(10000, ge=1)

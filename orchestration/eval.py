@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.handle import Rollout
 
     prompts = setup_dataset(cfg.data, "eval")[: args.limit]
-    renderer = PromptRenderer(cfg.model.resolved_path)
+    renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
     rewards = setup_rewards(cfg.rewards)
     ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
     try:

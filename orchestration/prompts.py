@@ -14,11 +14,12 @@ from orchestration.data import Prompt
 class PromptRenderer:
     """Chat prompts go through the tokenizer's chat template; base prompts are encoded as they are."""
 
-    def __init__(self, model_path: Path):
+    def __init__(self, model_path: Path, assistant_prefix: str = ""):
         from transformers import AutoTokenizer  # tokenizers only: no torch needed
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.assistant_prefix = assistant_prefix
 
     def text(self, prompt: Prompt) -> str:
         if prompt.messages is not None:
@@ -26,7 +27,7 @@ class PromptRenderer:
                 raise ValueError(f"{prompt.uid}: data.template is 'chat' but the tokenizer has no chat template; "
                                  "set data.template: base for a base model")
             return self.tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True,
-                                                      tokenize=False)
+                                                      tokenize=False) + self.assistant_prefix
         if prompt.text is None:
             raise ValueError(f"{prompt.uid}: prompt has neither messages nor text")
         return prompt.text

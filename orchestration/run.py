@@ -68,7 +68,7 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
         rollout = cluster.start_rollout(cfg)
         stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
-        renderer = PromptRenderer(cfg.model.resolved_path)
+        renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
         state = restore(parts)
         parts.metrics = MetricsLog(run_dir, cfg.train.steps, state.step, cfg.logging.tensorboard, cfg.logging.progress)

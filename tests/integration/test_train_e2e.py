@@ -72,7 +72,7 @@ def expected_prompt_texts(run_dir: Path, steps: int) -> list[str]:
     """First prompt of each step as an uninterrupted run draws them."""
     cfg = load_config(run_dir / "config.yaml")
     stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
-    renderer = PromptRenderer(cfg.model.resolved_path)
+    renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
     return [renderer.text(stream.next_batch()[0]) for _ in range(steps)]
 
 
