@@ -188,6 +188,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> None:
+    """`ray start --block` returns nothing when the cluster is up: poll the job API until it answers."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise AssertionError(f"ray start exited ({head.returncode}):\n{head.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/version", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"Ray dashboard on port {port} not up after {timeout_s} s")
+
+
 def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
     """`ray job submit` against a cluster this test starts (own ports and temp dir, stopped by process group)."""
     venv_bin = str(Path(sys.executable).parent)
@@ -203,6 +220,7 @@ def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
         env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = tmp_path / "run"
     try:
+        wait_for_dashboard(head, dash, timeout_s=180)
         excludes = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", "runs", "*.pyc"]})
         job = subprocess.run(
             [f"{venv_bin}/ray", "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(ROOT),
