@@ -7,12 +7,15 @@ the demo and its plot, not here: a few steps of a random tiny model only show th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -210,9 +213,11 @@ def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
     venv_bin = str(Path(sys.executable).parent)
     env = clean_env() | {"PATH": venv_bin + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0"}
     dash = free_port()
+    # Ray's unix sockets live under the temp dir and their paths must stay under 108 bytes: pytest's are too long.
+    ray_tmp = tempfile.mkdtemp(prefix="aha-ray-", dir="/tmp")
     head = subprocess.Popen(
         [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus=4", f"--port={free_port()}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={tmp_path / 'ray'}",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}",
          f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
          f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
          f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
@@ -230,11 +235,14 @@ def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
         assert job.returncode == 0, f"ray job submit failed:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"
         assert "succeeded" in job.stdout.lower(), job.stdout[-3000:]
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
         try:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert_finite_rows(rows)
