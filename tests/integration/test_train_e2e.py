@@ -211,7 +211,8 @@ def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> N
 def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
     """`ray job submit` against a cluster this test starts (own ports and temp dir, stopped by process group)."""
     venv_bin = str(Path(sys.executable).parent)
-    env = clean_env() | {"PATH": venv_bin + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0"}
+    env = clean_env() | {"PATH": venv_bin + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0",
+                         "RAY_AUTH_MODE": "disabled"}  # a private loopback cluster; Ray 2.60 defaults to token auth
     dash = free_port()
     # Ray's unix sockets live under the temp dir and their paths must stay under 108 bytes: pytest's are too long.
     ray_tmp = tempfile.mkdtemp(prefix="aha-ray-", dir="/tmp")
