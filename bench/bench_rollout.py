@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.handle import Rollout  # noqa: E402
+from rollout.peft_layout import random_peft_adapter  # noqa: E402
 from rollout.types import SamplingParams  # noqa: E402
 
 # vLLM's benchmark client, run in the engine env; its `vllm bench` console script needs package metadata under
@@ -47,27 +48,9 @@ print("AHA_RESULT " + json.dumps({k: result[k] for k in ("output_throughput", "t
                                                          "completed", "failed")}))
 """
 
-PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-
-
 def random_adapter(path: Path, rank: int, seed: int) -> tuple[dict[str, np.ndarray], dict]:
-    """PEFT LoRA tensors for every projection of a Llama checkpoint, small random values (a plausible update)."""
-    cfg = json.loads((path / "config.json").read_text())
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-    q_out, kv_out = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    shapes = {"q_proj": (hidden, q_out), "k_proj": (hidden, kv_out), "v_proj": (hidden, kv_out),
-              "o_proj": (q_out, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-              "down_proj": (inter, hidden)}
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for proj, (d_in, d_out) in shapes.items():
-            prefix = f"base_model.model.model.layers.{layer}.{PROJ[proj]}.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.02, (rank, d_in)).astype(np.float32)
-            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.02, (d_out, rank)).astype(np.float32)
-    return tensors, {"r": rank, "lora_alpha": 2 * rank, "target_modules": list(shapes)}
+    """Small random PEFT LoRA tensors for every projection (a plausible update), via rollout.peft_layout."""
+    return random_peft_adapter(path, rank, seed, scale=0.02)
 
 
 def ours(rollout: Rollout, prompts: list[list[int]], params: SamplingParams) -> float:

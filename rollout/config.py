@@ -7,12 +7,12 @@ this sub-config (`RolloutConfig`), never the run's root config.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollout.server_process import engine_interpreter
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.types import SamplingParams
 
@@ -23,10 +23,7 @@ class _Strict(BaseModel):
 
 def default_engine_python() -> Path:
     """The engine env's interpreter: $AHA_VLLM_PYTHON, else $AHA_CACHE/envs/vllm/bin/python (AHA_CACHE ~/.cache/aha)."""
-    if env := os.environ.get("AHA_VLLM_PYTHON"):
-        return Path(env)
-    cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
-    return cache / "envs" / "vllm" / "bin" / "python"
+    return engine_interpreter("AHA_VLLM_PYTHON", "vllm")
 
 
 class VllmConfig(_Strict):

@@ -27,6 +27,14 @@ log = logging.getLogger(__name__)
 DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
 
+def engine_interpreter(env_var: str, env_name: str) -> Path:
+    """An engine env's interpreter: $<env_var>, else $AHA_CACHE/envs/<env_name>/bin/python (AHA_CACHE ~/.cache/aha)."""
+    if env := os.environ.get(env_var):
+        return Path(env)
+    cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
+    return cache / "envs" / env_name / "bin" / "python"
+
+
 def free_port(host: str) -> int:
     """A port that is free on `host` right now."""
     with socket.socket() as sock:

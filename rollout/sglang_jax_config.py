@@ -8,19 +8,17 @@ built by `bash scripts/setup_sglang_env.sh`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.server_process import engine_interpreter
+
 
 def default_sglang_python() -> Path:
     """$AHA_SGLANG_PYTHON, else $AHA_CACHE/envs/sglang_jax/bin/python (AHA_CACHE default ~/.cache/aha)."""
-    if env := os.environ.get("AHA_SGLANG_PYTHON"):
-        return Path(env)
-    cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
-    return cache / "envs" / "sglang_jax" / "bin" / "python"
+    return engine_interpreter("AHA_SGLANG_PYTHON", "sglang_jax")
 
 
 class SglangJaxConfig(BaseModel):

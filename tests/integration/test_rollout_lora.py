@@ -6,7 +6,6 @@ adapter), as the learner would hand them over, without importing the learner.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import tempfile
@@ -21,6 +20,7 @@ import ray
 from rollout.client import RolloutClient, ServerUnavailable
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
+from rollout.peft_layout import random_peft_adapter
 from rollout.types import SamplingParams
 from rollout.vllm_server import VllmBackend
 
@@ -30,30 +30,10 @@ RANK = 8
 # Over 128 tokens, so vLLM's prefix cache holds full blocks of it: a stale cache across versions would show.
 LONG_PROMPT = [1] + [int(x) for x in np.random.default_rng(0).integers(100, 40000, size=200)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-
-
 def make_adapter(model_dir, seed: int, zero_b: bool = False, scale: float = 0.5):
-    """PEFT LoRA tensors + config for every projection of a Llama checkpoint (shapes read from its config)."""
-    cfg = json.loads((model_dir / "config.json").read_text())
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-    q_out, kv_out = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    shapes = {"q_proj": (hidden, q_out), "k_proj": (hidden, kv_out), "v_proj": (hidden, kv_out),
-              "o_proj": (q_out, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-              "down_proj": (inter, hidden)}
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for proj, (d_in, d_out) in shapes.items():
-            prefix = f"base_model.model.model.layers.{layer}.{PROJ[proj]}.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, scale, (RANK, d_in)).astype(np.float32)
-            b = np.zeros((d_out, RANK)) if zero_b else rng.normal(0, scale, (d_out, RANK))
-            tensors[f"{prefix}.lora_B.weight"] = b.astype(np.float32)
-    config = {"r": RANK, "lora_alpha": 2 * RANK, "target_modules": list(shapes),
-              "base_model_name_or_path": str(model_dir)}
-    return tensors, config
+    """PEFT LoRA tensors + config for every projection of the checkpoint (rollout.peft_layout)."""
+    tensors, config = random_peft_adapter(model_dir, RANK, seed, scale=scale, zero_b=zero_b)
+    return tensors, {**config, "base_model_name_or_path": str(model_dir)}
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import pytest
 from rollout.actor import write_peft_adapter
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, VllmConfig
+from rollout.peft_layout import random_peft_adapter
 from rollout.sglang_jax_config import SglangJaxConfig, default_sglang_python
 from rollout.sglang_jax_server import SglangJaxBackend
 from rollout.types import Completion, SamplingParams
@@ -35,28 +36,9 @@ RANK = 8
 # at temperature 1 it is 0.03: the random model's logits are huge).
 PROMPT = [1, 7093, 32549, 26011, 36518, 20194, 24304, 38832, 29206]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-
-
 def make_adapter(model_dir: Path, seed: int, zero_b: bool = False, scale: float = 0.5):
-    """PEFT LoRA tensors + config for every projection of a Llama checkpoint (shapes from its config)."""
-    cfg = json.loads((model_dir / "config.json").read_text())
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-    q_out, kv_out = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    shapes = {"q_proj": (hidden, q_out), "k_proj": (hidden, kv_out), "v_proj": (hidden, kv_out),
-              "o_proj": (q_out, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-              "down_proj": (inter, hidden)}
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for proj, (d_in, d_out) in shapes.items():
-            prefix = f"base_model.model.model.layers.{layer}.{PROJ[proj]}.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, scale, (RANK, d_in)).astype(np.float32)
-            b = np.zeros((d_out, RANK)) if zero_b else rng.normal(0, scale, (d_out, RANK))
-            tensors[f"{prefix}.lora_B.weight"] = b.astype(np.float32)
-    return tensors, {"r": RANK, "lora_alpha": 2 * RANK, "target_modules": list(shapes)}
+    """PEFT LoRA tensors + config for every projection of the checkpoint (rollout.peft_layout)."""
+    return random_peft_adapter(model_dir, RANK, seed, scale=scale, zero_b=zero_b)
 
 
 # Runs in the vLLM env (torch + transformers): logprob of each token of `ids` after the first `start`, with the
