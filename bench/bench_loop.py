@@ -4,9 +4,12 @@ Runs `python -m orchestration.train` twice on the same config and load (sync, th
 those runs' metrics.jsonl (the first step of each, which compiles, is left out):
 
 - sync step time, async step time, and async / max(generate, learn) (target <= 1.1: async hides the shorter phase);
-- push pause / step time (target < 1%).
+- push pause / step time (target < 1%);
+- with --tunix: the same model and batch through Tunix's own colocated GRPOLearner pipeline
+  (`bench/bench_tunix_loop.py`: Tunix's in-process sampler + its GRPO update), and ours / Tunix's step time
+  (target <= 0.5).
 
-    .venv/bin/python bench/bench_loop.py                       # SmolLM2, the demo config, 6 steps each
+    .venv/bin/python bench/bench_loop.py --tunix               # SmolLM2, the demo config, 6 steps each
     .venv/bin/python bench/bench_loop.py --steps 4 model.path=tiny-llama
 
 On 2 CPU cores the engine and the learner share the same cores, so async can only hide what the other phase leaves
@@ -16,6 +19,7 @@ idle; on a TPU host each has its own chips.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +41,19 @@ def run(mode: str, steps: int, config: Path, overrides: list[str], out: Path) ->
     return read_metrics(run_dir)[1:]  # drop the compile step
 
 
+def tunix_step_s(steps: int, config: Path, overrides: list[str]) -> float:
+    """Tunix's colocated pipeline on the same model and batch as our runs (read from the resolved config)."""
+    from orchestration.config import load_config
+
+    cfg = load_config(config, overrides)
+    cmd = [sys.executable, str(ROOT / "bench" / "bench_tunix_loop.py"), "--steps", str(steps), "--config", str(config),
+           "--model", str(cfg.model.path), "--max-tokens", str(cfg.rollout.sampling.max_tokens),
+           "--prompts-per-step", str(cfg.train.prompts_per_step), "--n", str(cfg.rollout.sampling.n)]
+    print(f"running tunix: {' '.join(cmd[1:])}", flush=True)
+    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return float(re.search(r"^tunix_step_s: ([0-9.]+)", out, re.M).group(1))
+
+
 def mean(rows: list[dict], key: str) -> float:
     return statistics.mean(r[key] for r in rows if key in r)
 
@@ -45,6 +62,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "countdown_smollm2_cpu.yaml")
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--tunix", action="store_true", help="also time Tunix's colocated GRPOLearner pipeline")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="aha-bench-") as tmp:
@@ -59,6 +77,10 @@ def main() -> None:
     print(f"async / max(generate, learn) = {t_async / max(gen, learn):.3f}   (target <= 1.1)")
     print(f"async / sync                 = {t_async / t_sync:.3f}")
     print(f"push pause / step            = {pause / t_sync:.4f}   ({pause * 1000:.0f} ms; target < 0.01)")
+    if args.tunix:
+        theirs = tunix_step_s(args.steps, args.config, args.overrides)
+        print(f"tunix colocated step {theirs:8.2f} s")
+        print(f"ours / tunix = {min(t_sync, t_async) / theirs:.3f} (best of sync/async; target <= 0.5)")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ Semantics follow TinyZero's `countdown.compute_score` (github.com/Jiayi-Pan/Tiny
 otherwise the last block is judged, and a well-formed attempt that fails earns a small format score (0.1) so that a
 fresh model first learns to answer at all. Unlike TinyZero nothing is `eval`ed (see `rewards.arithmetic`), and the
 completion is scored as is (TinyZero first cut at "Assistant:", because its input included the prompt).
+
+TinyZero also pays the format score for an answer that is not an equation at all (`<answer>(*****)</answer>`): a
+small model finds that block in a few steps and stays there, every sample scoring the same, so GRPO sees no
+advantage left. `unreadable_score` (default: TinyZero's, the format score) lets a config pay such answers less.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ def score(
     format_score: float = FORMAT_SCORE,
     correct_score: float = CORRECT_SCORE,
     answer_tag: str = "answer",
+    unreadable_score: float | None = None,
 ) -> float:
-    """0.0 without `<answer>`; `format_score` for a wrong, unreadable or misusing equation; else `correct_score`."""
+    """0.0 without `<answer>`; `correct_score` for a correct equation; `format_score` for a wrong or misusing one;
+    `unreadable_score` (None: `format_score`) for an answer that does not parse as an equation."""
     if not all(type(n) is int for n in numbers):
         # Would otherwise score every answer 0.1 silently (e.g. numbers read from JSON as strings).
         raise ValueError(f"reference numbers must be ints, got {list(numbers)!r}; fix the dataset")
@@ -40,6 +46,9 @@ def score(
         return 0.0
     try:
         tree = arithmetic.parse(equation.strip())
+    except arithmetic.ExpressionError:
+        return format_score if unreadable_score is None else unreadable_score
+    try:
         if sorted(arithmetic.literals(tree)) != sorted(numbers):
             return format_score
         value = arithmetic.evaluate(tree)
@@ -55,6 +64,8 @@ class CountdownReward:
     __name__: ClassVar[str] = "countdown"
     format_score: float = Field(FORMAT_SCORE, ge=0.0, le=1.0)
     """Score of a completion that has an answer block but not a correct equation."""
+    unreadable_score: float | None = Field(None, ge=0.0, le=1.0)
+    """Score of an answer block that is not an equation (empty, prose, `(*****)`); None = `format_score` (TinyZero)."""
     correct_score: float = Field(CORRECT_SCORE, ge=0.0)
     """Score of a correct equation."""
     answer_tag: str = Field("answer", min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
@@ -63,5 +74,6 @@ class CountdownReward:
     def __call__(self, sample: Sample) -> float:
         ref = sample.reference
         return score(
-            sample.completion, ref["numbers"], ref["target"], self.format_score, self.correct_score, self.answer_tag
+            sample.completion, ref["numbers"], ref["target"], self.format_score, self.correct_score, self.answer_tag,
+            self.unreadable_score,
         )

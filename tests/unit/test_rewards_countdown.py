@@ -44,6 +44,23 @@ def test_division_is_exact() -> None:
     assert score("<answer>7 / 2 + 25 + 3</answer>", NUMS, 31) == 0.1  # 31.5, not 31
 
 
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("<answer>(*****)</answer>", 0.0),  # the block a small policy collapses to: not an equation
+        ("<answer>the answer is 46</answer>", 0.0),
+        ("<answer></answer>", 0.0),
+        ("<answer>25 + 3 + 7</answer>", 0.1),  # an equation, wrong value: still the format score
+        ("<answer>25 + 21</answer>", 0.1),  # an equation with the wrong numbers: format score
+        ("<answer>25 + 3 * 7</answer>", 1.0),
+    ],
+)
+def test_unreadable_answers_can_score_below_the_format_score(completion: str, expected: float) -> None:
+    reward = CountdownReward(unreadable_score=0.0)
+    assert reward(Sample(prompt="", completion=completion, reference={"numbers": NUMS, "target": 46})) == expected
+    assert score(completion, NUMS, 46) == (0.1 if expected == 0.0 else expected)  # TinyZero's default is unchanged
+
+
 @pytest.mark.parametrize("expr", ["25 / (7 - 7) + 3", "3 / 0", "(3 + 7 - 10) / 0", "25 / (3 - 3 * 1)"])
 def test_division_by_zero_is_format_score(expr: str) -> None:
     nums = arithmetic.literals(arithmetic.parse(expr))
