@@ -4,7 +4,8 @@
 
 Batch: 8 prompts x 8 samples, 64 prompt + 192 completion tokens, LoRA r16 (defaults of LearnerConfig).
 Prints, measured in this one run:
-- step_s: our steady-state step time (after one compile step);
+- step_s: our steady-state step time (median after one compile step; with --tunix the timed steps
+  alternate ours / Tunix's so machine noise hits both);
 - mfu_cpu = achieved model FLOP/s / measured f32 matmul FLOP/s of this machine (FLOPs: forward + the backward
   to activations, which is what a frozen-base LoRA step costs; LoRA's own matmuls are negligible);
 - peak RSS of the process;
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -61,14 +63,24 @@ def step_flops(hf: dict, tokens: int, seq: int) -> float:
     return 2.0 * forward
 
 
-def time_steps(step, batch, steps: int, label: str) -> float:
-    t = time.perf_counter()
-    step(batch)  # compile
-    print(f"{label}: first step (with compile) {time.perf_counter() - t:.1f}s", flush=True)
-    t = time.perf_counter()
-    for _ in range(steps):
+def time_steps(steps: dict, batch, repeats: int) -> dict[str, float]:
+    """Median seconds per step of each named step function, after one compile step each.
+
+    With several functions the timed steps alternate (a, b, a, b, ...), so a slow spell of a shared machine hits
+    both sides instead of one.
+    """
+    for label, step in steps.items():
+        t = time.perf_counter()
         step(batch)
-    return (time.perf_counter() - t) / steps
+        print(f"{label}: first step (with compile) {time.perf_counter() - t:.1f}s", flush=True)
+    times: dict[str, list[float]] = {label: [] for label in steps}
+    for _ in range(repeats):
+        for label, step in steps.items():
+            t = time.perf_counter()
+            step(batch)
+            times[label].append(time.perf_counter() - t)
+            print(f"{label}: step {time.perf_counter() - t:.1f}s", flush=True)
+    return {label: statistics.median(ts) for label, ts in times.items()}
 
 
 def tunix_step_fn(learner, batch):
@@ -83,7 +95,8 @@ def tunix_step_fn(learner, batch):
 
     from learner import train_step as ts
 
-    model = ts.merge(learner._parts, learner.params)
+    # Own copy of the LoRA: our step donates (frees) learner.params, and the two steps alternate.
+    model = ts.merge(learner._parts, jax.tree.map(jnp.copy, learner.params))
     optimizer = nnx.Optimizer(model, optax.adamw(learner.cfg.optimizer.lr), wrt=nnx.LoRAParam)
     algo = GRPOConfig(num_generations=SAMPLES, beta=0.0, loss_agg_mode="token-mean")
     algo.temperature = 1.0
@@ -135,16 +148,20 @@ def main() -> None:
     learner = Learner(cfg, path)
     batch = make_batch(hf["vocab_size"])
     peak_flops = matmul_flops_per_s()
-    ours = time_steps(learner.step, batch, args.steps, "ours")
+    steps = {"ours": learner.step}
+    if args.tunix:
+        steps["tunix"] = tunix_step_fn(learner, batch)
+    medians = time_steps(steps, batch, args.steps)
+    ours = medians["ours"]
     seq = PROMPT_LEN + COMPLETION_LEN
     achieved = step_flops(hf, len(batch) * seq, seq) / ours
     print(f"batch: {PROMPTS} prompts x {SAMPLES} samples x {COMPLETION_LEN} tokens (+{PROMPT_LEN} prompt), "
-          f"{args.model}, LoRA r{cfg.lora.rank}, micro-batch {args.micro_batch}")
+          f"{args.model}, LoRA r{cfg.lora.rank}, micro-batch {args.micro_batch}; medians of {args.steps} step(s)")
     print(f"step_s: {ours:.2f}", flush=True)
     print(f"achieved: {achieved / 1e9:.1f} GFLOP/s; matmul peak here: {peak_flops / 1e9:.1f} GFLOP/s; "
           f"mfu_cpu = {achieved / peak_flops:.3f}")
     if args.tunix:
-        theirs = time_steps(tunix_step_fn(learner, batch), batch, args.steps, "tunix")
+        theirs = medians["tunix"]
         print(f"tunix_loss_step_s: {theirs:.2f}; ratio ours/tunix = {ours / theirs:.3f} (target <= 0.9)")
     print(f"peak_rss_gb: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}")
 

@@ -91,9 +91,10 @@ def sampling_logprobs(
     logp = target_logit - lse
     entropy = None
     if with_entropy:
-        z = jax.lax.stop_gradient(scaled)
-        p = jax.nn.softmax(z, axis=-1)
-        entropy = -jnp.sum(jnp.where(p > 0, p * (z - jax.lax.stop_gradient(lse)[..., None]), 0.0), axis=-1)
+        # Reuses lse (a fresh softmax would add two more passes over [B, L, V]); p = 0 where truncated (-inf).
+        log_p = jax.lax.stop_gradient(scaled - lse[..., None])
+        p = jnp.exp(log_p)
+        entropy = -jnp.sum(jnp.where(p > 0, p * log_p, 0.0), axis=-1)
     return logp, entropy
 
 

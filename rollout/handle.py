@@ -13,6 +13,7 @@ re-loads the current adapter), retries the requests once, logs the event and app
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from pathlib import Path
@@ -81,11 +82,11 @@ class Rollout:
         client = self._require_client()
         lora = None if self.version is None else adapter_name(self.version)
         try:
-            return asyncio.run(client.generate(prompts, params, lora, self.version))
+            return _run_sync(client.generate(prompts, params, lora, self.version))
         except ServerUnavailable:
             if not self._recover():
                 raise
-        return asyncio.run(self._require_client().generate(prompts, params, lora, self.version))
+        return _run_sync(self._require_client().generate(prompts, params, lora, self.version))
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -145,3 +146,14 @@ class Rollout:
             log.warning("rollout actor was already dead at stop()")
         finally:
             ray.kill(actor)
+
+
+def _run_sync(coro):
+    """Run `coro` to completion from sync code, also when the caller already runs an event loop (a notebook),
+    where asyncio.run would refuse: then it runs on a fresh loop in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -7,6 +7,7 @@ is taken from the greedy completion and the stopped completion must be that comp
 
 from __future__ import annotations
 
+import asyncio
 import math
 import tempfile
 
@@ -75,6 +76,15 @@ def test_completion_shape_and_logprobs(greedy):
 def test_max_tokens_is_honoured(rollout, prompt):
     c = one(rollout, SamplingParams(max_tokens=5, ignore_eos=True, seed=1), prompt)
     assert len(c.token_ids) == 5 and c.finish_reason == "length"
+
+
+def test_generate_works_inside_a_running_event_loop(rollout, prompt, greedy):
+    """A notebook runs an event loop: the sync API must not die with "asyncio.run() cannot be called..."."""
+
+    async def from_a_coroutine():
+        return one(rollout, GREEDY, prompt)
+
+    assert asyncio.run(from_a_coroutine()).token_ids == greedy.token_ids
 
 
 def first_new_token_index(ids: list[int], start: int) -> int:
