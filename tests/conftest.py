@@ -6,7 +6,10 @@ error, so the fixture fails with the command to run rather than skipping and hid
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,27 @@ def engine_python() -> Path:
     if not path.exists():
         pytest.fail(f"engine env missing at {path}: {SETUP_HINT}", pytrace=False)
     return path
+
+
+@contextlib.contextmanager
+def running_rollout(cfg, model_dir: Path, after_start=None) -> Iterator:
+    """A started `Rollout` (real engine server behind the Ray actor) on a private local Ray cluster, stopped after.
+
+    A Ray cluster already running in this session (another module's) is reused and left running.
+    """
+    import ray
+
+    from rollout.handle import Rollout
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    rollout = Rollout(cfg, model_dir)
+    try:
+        rollout.start()
+        yield rollout
+    finally:
+        rollout.stop()
+        if started:
+            ray.shutdown()

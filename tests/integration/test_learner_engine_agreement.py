@@ -9,13 +9,11 @@ without the adapter must not match, or the check would be vacuous.
 
 from __future__ import annotations
 
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import ray
 
 from learner import train_step as ts
 from learner.batch import TrainBatch
@@ -24,6 +22,7 @@ from learner.learner import Learner
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.types import SamplingParams
+from conftest import running_rollout
 
 pytestmark = pytest.mark.integration
 
@@ -48,21 +47,11 @@ def learner(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def rollout(tiny_model_dir, learner):
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
                         client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
-    rollout = Rollout(cfg, tiny_model_dir)
-    try:
-        rollout.start()
+    with running_rollout(cfg, tiny_model_dir) as rollout:
         rollout.push_lora(1, *learner.lora_tensors())
         yield rollout
-    finally:
-        rollout.stop()
-        if started:
-            ray.shutdown()
 
 
 def engine_batch(rollout: Rollout, sampling: dict) -> TrainBatch:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from rollout.handle import Rollout
 from rollout.peft_layout import random_peft_adapter
 from rollout.types import SamplingParams
 from rollout.vllm_server import VllmBackend
+from conftest import running_rollout
 
 pytestmark = pytest.mark.integration
 
@@ -38,20 +38,10 @@ def make_adapter(model_dir, seed: int, zero_b: bool = False, scale: float = 0.5)
 
 @pytest.fixture(scope="module")
 def rollout(tiny_model_dir):
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
                         client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
-    rollout = Rollout(cfg, tiny_model_dir)
-    try:
-        rollout.start()
+    with running_rollout(cfg, tiny_model_dir) as rollout:
         yield rollout
-    finally:
-        rollout.stop()
-        if started:
-            ray.shutdown()
 
 
 def greedy(rollout: Rollout):

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import tempfile
 
 import httpx
 import numpy as np
 import pytest
-import ray
 from tokenizers import Tokenizer
 
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.types import SamplingParams
+from conftest import running_rollout
 
 pytestmark = pytest.mark.integration
 
@@ -36,19 +35,9 @@ def tokenizer(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def rollout(smollm2_dir):
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=8, kv_cache_space_gb=1))
-    rollout = Rollout(cfg, smollm2_dir)
-    try:
-        rollout.start()
+    with running_rollout(cfg, smollm2_dir) as rollout:
         yield rollout
-    finally:
-        rollout.stop()
-        if started:
-            ray.shutdown()
 
 
 @pytest.fixture(scope="module")
