@@ -149,11 +149,26 @@ class Rollout:
 
 
 def _run_sync(coro):
-    """Run `coro` to completion from sync code, also when the caller already runs an event loop (a notebook),
-    where asyncio.run would refuse: then it runs on a fresh loop in a worker thread."""
+    """Run `coro` to completion from sync code, on a fresh event loop in a worker thread.
+
+    The calling thread only waits, so Ctrl-C always raises KeyboardInterrupt there (asyncio.run's own SIGINT
+    handling loses an interrupt that lands while the coroutine is finishing: an interrupted training run then went
+    on as if nothing happened); the coroutine is cancelled before the interrupt propagates. It also works when the
+    caller already runs an event loop (a notebook), where asyncio.run would refuse.
+    """
+    running: dict = {}
+
+    async def main():
+        running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        return await coro
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-generate")
+    future = pool.submit(asyncio.run, main())
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+        return future.result()
+    except KeyboardInterrupt:
+        if "task" in running:
+            running["loop"].call_soon_threadsafe(running["task"].cancel)
+        raise
+    finally:
+        pool.shutdown(wait=True)
