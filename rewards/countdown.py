@@ -48,11 +48,11 @@ def score(
         tree = arithmetic.parse(equation.strip())
     except arithmetic.ExpressionError:
         return format_score if unreadable_score is None else unreadable_score
+    if sorted(arithmetic.literals(tree)) != sorted(numbers):
+        return format_score
     try:
-        if sorted(arithmetic.literals(tree)) != sorted(numbers):
-            return format_score
         value = arithmetic.evaluate(tree)
-    except arithmetic.ExpressionError:
+    except arithmetic.ExpressionError:  # division by zero, oversized values
         return format_score
     return correct_score if abs(value - target) < TOLERANCE else format_score
 

@@ -56,7 +56,7 @@ def engine_python() -> Path:
 
 
 @contextlib.contextmanager
-def running_rollout(cfg, model_dir: Path, after_start=None) -> Iterator:
+def running_rollout(cfg, model_dir: Path) -> Iterator:
     """A started `Rollout` (real engine server behind the Ray actor) on a private local Ray cluster, stopped after.
 
     A Ray cluster already running in this session (another module's) is reused and left running.
