@@ -1,6 +1,8 @@
-"""The in-process SGLang-JAX engine and the FastAPI app that serves our rollout contract around it."""
+"""The in-process SGLang-JAX engine and the FastAPI app that serves our rollout contract around it.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: FastAPI reads the route functions' annotations at runtime, and with
+postponed (string) annotations the locally imported `Request` would not resolve, so it became a query field (422).
+"""
 
 import argparse
 import asyncio
