@@ -214,7 +214,6 @@ def save_checkpoint(parts: Parts, state: LoopState, fault: FaultHook = NO_FAULTS
     fault("save", state.step)
     learner_get(ref, f"the checkpoint of step {state.step}")
     state.saved_step = state.step
-    log.info("checkpoint saved at step %d", state.step)
 
 
 def generate_ahead(cfg: RunConfig, parts: Parts, pending: deque, step: int, fault: FaultHook) -> None:
@@ -263,5 +262,6 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
         log_samples(run_dir, rollouts, parts.renderer)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state, fault)
+            log.info("checkpoint saved at step %d", step)
         state.where = ("between", step)
         fault("between", step)
