@@ -233,6 +233,8 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
         state.where = ("generate", step)
         rollouts = pending.popleft() if pending else generate_and_score(cfg, parts, step, fault)
         staleness = [version - (c.adapter_version or 0) for g in rollouts.completions for c in g]
+        rollouts.metrics.update({"async/staleness_mean": float(np.mean(staleness)),
+                                 "async/staleness_max": max(staleness)})
         # 5. learner.step (timing/learn); in async mode the next generations overlap it
         state.where = ("learn", step)
         t0 = time.perf_counter()
@@ -252,8 +254,7 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
         version = step
         t_sync = time.perf_counter() - t0
         # 7. log, maybe save
-        metrics.update({"async/staleness_mean": float(np.mean(staleness)), "async/staleness_max": max(staleness),
-                        "rollout/adapter_version": version, "timing/learn": t_learn, "timing/sync": t_sync,
+        metrics.update({"rollout/adapter_version": version, "timing/learn": t_learn, "timing/sync": t_sync,
                         "timing/push_pause": pause, "timing/step": time.perf_counter() - t_step})
         if pending:
             metrics["timing/generate_overlapped"] = sum(p.metrics["timing/generate"] for p in pending)

@@ -97,11 +97,11 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 
 def run(cfg: RunConfig, run_dir: Path) -> None:
+    fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
     started_cluster = cluster.connect(cfg)
     signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
     rollout = None
     parts = state = None
-    fault = FaultHook.from_env()
     try:
         learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
         rollout = cluster.start_rollout(cfg)
