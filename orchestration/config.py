@@ -44,12 +44,17 @@ class TrainConfig(Strict):
     prompts_per_step: int = Field(4, ge=1)
     """Distinct prompts per step; each is sampled rollout.sampling.n times (the GRPO group)."""
     mode: Literal["sync", "async"] = "sync"
-    """sync: generate, then learn. async: generation of step k+1 overlaps the update of step k (staleness 1);
-    samples carry the adapter version that made them and the learner's importance correction accounts for it."""
+    """sync: generate, then learn. async: generation of the next steps overlaps the update of step k; samples carry
+    the adapter version that made them and the learner's importance correction accounts for it."""
+    max_staleness: int = Field(1, ge=1)
+    """async only: generate at most this many steps ahead, so a sample's adapter is at most this many versions
+    behind the update that learns from it (1 = generation of step k+1 overlaps the update of step k)."""
     save_every: int = Field(10, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
     seed: int = 0
-    """Seed for the engine's sampling (per request, offset by step) and anything else random in the loop."""
+    """Seed of the engine's sampling: each request's seed comes from (seed, step, prompt index), so a resumed run
+    draws the samples an uninterrupted one would (engines that take seeds: vLLM, SGLang-JAX with deterministic
+    sampling)."""
     run_dir: str = "runs/{name}-{time}"
     """Where metrics, checkpoints, adapters and plots go; {name} is the config file's stem, {time} a timestamp."""
 

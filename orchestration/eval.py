@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, load_config
 
 log = logging.getLogger("orchestration.eval")
@@ -55,6 +56,7 @@ def evaluate(cfg: RunConfig, rollout, renderer, rewards, prompts, k: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -7,7 +7,12 @@ weights (importance-corrected against the engine's own logprobs). The new adapte
 new version name before the next generation, so every sample records which policy made it.
 
 sync:  generate(k) -> learn(k) -> push(k) -> generate(k+1) ...
-async: learn(k) runs in the learner actor while the driver generates step k+1 with adapter k-1 (staleness 1).
+async: while learn(k) runs in the learner actor, the driver generates ahead up to step k + train.max_staleness
+       with the adapter it has (version k-1), so a sample is at most max_staleness versions behind its update.
+
+Each request's seed comes from (train.seed, step, prompt index), so a resumed run draws the same samples as an
+uninterrupted one. The phases (generate, score, learn, push, save, between) are where `orchestration.faults` can
+land a test fault.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,7 @@ import ray
 from learner.batch import TrainBatch
 from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
+from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.metrics import MetricsLog
 from orchestration.prompts import PromptRenderer
 from rewards.registry import RewardSet
@@ -35,15 +42,20 @@ from rollout.types import Completion
 log = logging.getLogger(__name__)
 
 
+class LearnerDied(RuntimeError):
+    """The learner actor is gone: nothing more can be learned or saved in this process."""
+
+
 @dataclass
 class Rollouts:
-    """One step's generated, scored samples, plus what is needed to resume before them."""
+    """One step's generated, scored samples, plus where the data stream stands before and after them."""
 
     step: int
     prompts: list[Prompt]
     prompt_ids: list[list[int]]
     completions: list[list[Completion]]
     stream_state: dict  # data position before these prompts were drawn
+    stream_after: dict  # data position once they are drawn (what a checkpoint after this step records)
     metrics: dict[str, float] = field(default_factory=dict)
     totals: list[float] = field(default_factory=list)
 
@@ -60,7 +72,15 @@ class Parts:
     metrics: MetricsLog
 
 
-def generate_and_score(cfg: RunConfig, parts: Parts, step: int) -> Rollouts:
+def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
+    """Per-request seeds from (train.seed, step, prompt index); None for an engine that cannot take them."""
+    backend = cfg.rollout.backend
+    if backend.kind != "vllm" and not getattr(backend, "deterministic_sampling", False):
+        return None
+    return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1) for i in range(count)]
+
+
+def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook = NO_FAULTS) -> Rollouts:
     """Steps 1-3: sample prompts, generate n completions each, score them."""
     # 1. sample prompts
     stream_state = parts.stream.state_dict()
@@ -69,11 +89,13 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int) -> Rollouts:
     # 2. generate (timing/generate)
     t0 = time.perf_counter()
     events_before = len(parts.rollout.events)
-    completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling)
+    completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling, seeds=request_seeds(cfg, step, len(prompts)),
+                                         on_sent=lambda: fault("generate", step))
     t_gen = time.perf_counter() - t0
     for event in parts.rollout.events[events_before:]:
         log.warning("rollout event at step %d: %s", step, event)
     # 3. score (reward/<name>)
+    fault("score", step)
     t0 = time.perf_counter()
     samples = [Sample(prompt=parts.renderer.text(p), completion=c.text, reference=p.reference)
                for p, group in zip(prompts, completions) for c in group]
@@ -96,7 +118,8 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int) -> Rollouts:
         "timing/generate": t_gen,
         "timing/score": t_score,
     }
-    return Rollouts(step, prompts, prompt_ids, completions, stream_state, metrics, list(result.totals))
+    return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics,
+                    list(result.totals))
 
 
 def to_train_batch(cfg: RunConfig, r: Rollouts) -> TrainBatch:
@@ -116,9 +139,19 @@ def to_train_batch(cfg: RunConfig, r: Rollouts) -> TrainBatch:
     )
 
 
-def push_adapter(parts: Parts, version: int) -> float:
+def learner_get(ref: Any, what: str) -> Any:
+    """ray.get of a learner call; a dead learner actor becomes one `LearnerDied` line instead of Ray's report."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        cause = str(exc).strip().splitlines()[0][:200]
+        raise LearnerDied(f"the learner actor died during {what} ({cause})") from None
+
+
+def push_adapter(parts: Parts, version: int, fault: FaultHook = NO_FAULTS) -> float:
     """Step 6: ship the learner's LoRA tensors to the server as a new adapter version; returns the pause (s)."""
-    tensors, adapter_config = ray.get(parts.learner.lora_tensors.remote())
+    tensors, adapter_config = learner_get(parts.learner.lora_tensors.remote(), "the LoRA export")
+    fault("push", version)
     return parts.rollout.push_lora(version, tensors, adapter_config)
 
 
@@ -138,63 +171,98 @@ class InFlight:
     step: int
     ref: Any  # ray.ObjectRef of Learner.step's metrics
     data_after: dict  # data position once this step's prompts are consumed
+    metrics: dict  # the step's rollout metrics, logged with the learner's once it is collected
 
 
 @dataclass
 class LoopState:
-    """What an interrupted run needs to save: the last finished step and the data position after it."""
+    """What an interrupted run needs to save: the last finished step, the data position after it, its metrics."""
 
     step: int
     data: dict
     saved_step: int
     in_flight: InFlight | None = None
+    unlogged: tuple[int, dict] | None = None  # a learned step whose metrics row is not written yet
+    where: tuple[str, int] = ("start", 0)  # (phase, step) the loop is in, for the line an interrupt prints
+
+    def learned(self, step: int, data_after: dict, metrics: dict) -> None:
+        """Step `step`'s update is applied: it is now the step a checkpoint records."""
+        self.step, self.data, self.in_flight, self.unlogged = step, data_after, None, (step, metrics)
 
 
-def save_checkpoint(parts: Parts, state: LoopState) -> None:
-    """Checkpoint the learner (LoRA, optimizer, RNG) with the step and the data position after it."""
+def collect(state: LoopState) -> dict:
+    """Wait for the in-flight update and make it the last finished step; returns its metrics row so far."""
+    flight = state.in_flight
+    metrics = {**flight.metrics, **learner_get(flight.ref, f"the update of step {flight.step}")}
+    state.learned(flight.step, flight.data_after, metrics)
+    return metrics
+
+
+def save_checkpoint(parts: Parts, state: LoopState, fault: FaultHook = NO_FAULTS) -> None:
+    """Checkpoint the learner (LoRA, optimizer, RNG) with the step and the data position after it.
+
+    An update already started is finished first and its metrics row written: the learner has applied it, so
+    saving it under the previous step would replay data, and dropping its row would leave a hole in metrics.jsonl.
+    """
     if state.in_flight is not None:
-        # The learner applies an update it has started; saving it under the previous step would replay data.
-        ray.get(state.in_flight.ref)
-        state.step, state.data, state.in_flight = state.in_flight.step, state.in_flight.data_after, None
-    ray.get(parts.learner.save.remote(state.step, {"data": state.data}))
+        collect(state)
+    if state.unlogged is not None:
+        parts.metrics.log(*state.unlogged)
+        state.unlogged = None
+    state.where = ("save", state.step)
+    ref = parts.learner.save.remote(state.step, {"data": state.data})
+    fault("save", state.step)
+    learner_get(ref, f"the checkpoint of step {state.step}")
     state.saved_step = state.step
-    log.info("checkpoint saved at step %d", state.step)
 
 
-def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState) -> None:
+def generate_ahead(cfg: RunConfig, parts: Parts, pending: deque, step: int, fault: FaultHook) -> None:
+    """Async: generate the batches of steps step+1 .. step+max_staleness not generated yet (adapter step-1)."""
+    nxt = step + 1 + len(pending)
+    while len(pending) < cfg.train.max_staleness and nxt <= cfg.train.steps:
+        pending.append(generate_and_score(cfg, parts, nxt, fault))
+        nxt += 1
+
+
+def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fault: FaultHook = NO_FAULTS) -> None:
     """Run steps state.step+1 .. cfg.train.steps. The adapter on the server is version `state.step` on entry."""
-    start_step = state.step
-    version = start_step  # one learner update per step, so the policy version is the step count
-    pending: Rollouts | None = None
-    for step in range(start_step + 1, cfg.train.steps + 1):
+    version = state.step  # one learner update per step, so the policy version is the step count
+    pending: deque[Rollouts] = deque()  # async: batches generated ahead, oldest first
+    for step in range(state.step + 1, cfg.train.steps + 1):
         t_step = time.perf_counter()
-        rollouts = pending or generate_and_score(cfg, parts, step)
-        rollouts.step = step
+        state.where = ("generate", step)
+        rollouts = pending.popleft() if pending else generate_and_score(cfg, parts, step, fault)
         staleness = [version - (c.adapter_version or 0) for g in rollouts.completions for c in g]
-        # 5. learner.step (timing/learn); in async mode the next generation overlaps it
+        rollouts.metrics.update({"async/staleness_mean": float(np.mean(staleness)),
+                                 "async/staleness_max": max(staleness)})
+        # 5. learner.step (timing/learn); in async mode the next generations overlap it
+        state.where = ("learn", step)
         t0 = time.perf_counter()
         learn_ref = parts.learner.step.remote(to_train_batch(cfg, rollouts))
-        # Resume must redraw a prefetched batch, so the position recorded is from before any prefetch.
-        state.in_flight = InFlight(step, learn_ref, parts.stream.state_dict())
-        pending = None
-        if cfg.train.mode == "async" and step < cfg.train.steps:
-            pending = generate_and_score(cfg, parts, step + 1)
-        learn_metrics = ray.get(learn_ref)
-        state.step, state.data, state.in_flight = step, state.in_flight.data_after, None
+        state.in_flight = InFlight(step, learn_ref, rollouts.stream_after, rollouts.metrics)
+        fault("learn", step)
+        if cfg.train.mode == "async":
+            state.where = ("generate", step + 1)
+            generate_ahead(cfg, parts, pending, step, fault)
+            state.where = ("learn", step)
+        metrics = collect(state)
         t_learn = time.perf_counter() - t0
         # 6. export_lora + load_lora (timing/sync)
+        state.where = ("push", step)
         t0 = time.perf_counter()
-        version += 1
-        pause = push_adapter(parts, version)
+        pause = push_adapter(parts, step, fault)
+        version = step
         t_sync = time.perf_counter() - t0
         # 7. log, maybe save
-        metrics = {**rollouts.metrics, **learn_metrics,
-                   "async/staleness_mean": float(np.mean(staleness)), "rollout/adapter_version": version,
-                   "timing/learn": t_learn, "timing/sync": t_sync, "timing/push_pause": pause,
-                   "timing/step": time.perf_counter() - t_step}
-        if pending is not None:
-            metrics["timing/generate_overlapped"] = pending.metrics["timing/generate"]
-        parts.metrics.log(step, metrics)
+        metrics.update({"rollout/adapter_version": version, "timing/learn": t_learn, "timing/sync": t_sync,
+                        "timing/push_pause": pause, "timing/step": time.perf_counter() - t_step})
+        if pending:
+            metrics["timing/generate_overlapped"] = sum(p.metrics["timing/generate"] for p in pending)
+        parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete
+        state.unlogged = None
         log_samples(run_dir, rollouts, parts.renderer)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
-            save_checkpoint(parts, state)
+            save_checkpoint(parts, state, fault)
+            log.info("checkpoint saved at step %d", step)
+        state.where = ("between", step)
+        fault("between", step)

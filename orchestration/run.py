@@ -1,7 +1,9 @@
 """A training run from start to finish: connect, start the actors, restore, loop, export, plot, tear down.
 
 Whatever happens in the loop, the engine server is stopped (it runs in its own process group, which Ray would
-otherwise leave behind) and the last finished step is checkpointed, so an interrupted run loses nothing done.
+otherwise leave behind) and the last finished step is checkpointed, so an interrupted run loses nothing done. An
+interrupt (SIGINT/SIGTERM, `orchestration.signals`) or a dead learner ends the run with one line that says which
+step is saved and how to continue; the caller turns it into a non-zero exit code.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from pathlib import Path
 
 import ray
 
-from orchestration import cluster
+from orchestration import cluster, signals
 from orchestration.config import RunConfig
 from orchestration.data import PromptStream, setup_dataset
-from orchestration.loop import LoopState, Parts, push_adapter, save_checkpoint, train_loop
+from orchestration.faults import FaultHook
+from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import MetricsLog, read_metrics
 from orchestration.plots import write_plots
 from orchestration.prompts import PromptRenderer
@@ -24,9 +27,11 @@ from rewards.registry import setup_rewards
 log = logging.getLogger(__name__)
 
 
-def restore(parts: Parts) -> LoopState:
+def restore(cfg: RunConfig, parts: Parts, run_dir: Path) -> LoopState:
     """Resume from the learner's last checkpoint: step, optimizer and data position; push that adapter first."""
     step, extra = ray.get(parts.learner.restore.remote())
+    drop_rows_after(run_dir, step)
+    parts.metrics = MetricsLog(run_dir, cfg.train.steps, step, cfg.logging.tensorboard, cfg.logging.progress)
     if step == 0:
         return LoopState(step=0, data=parts.stream.state_dict(), saved_step=0)
     parts.stream.load_state_dict(extra["data"])
@@ -34,6 +39,18 @@ def restore(parts: Parts) -> LoopState:
     push_adapter(parts, step)
     log.info("resumed at step %d (adapter version %d pushed)", step, step)
     return LoopState(step=step, data=extra["data"], saved_step=step)
+
+
+def drop_rows_after(run_dir: Path, step: int) -> None:
+    """Forget the rows of steps after the checkpoint (written before a crash that could not save): they are redone."""
+    for path in (run_dir / "metrics.jsonl", run_dir / "samples.jsonl"):
+        if path.exists():
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if json.loads(line)["step"] <= step]
+            if len(kept) < len(lines):
+                log.warning("%s: dropping %d rows after checkpoint step %d (redone now)", path.name,
+                            len(lines) - len(kept), step)
+                path.write_text("".join(kept))
 
 
 def finish(cfg: RunConfig, parts: Parts, run_dir: Path) -> None:
@@ -60,8 +77,29 @@ def summarize(rows: list[dict]) -> dict:
             "mean_step_s": sum(r["timing/step"] for r in rows) / len(rows)}
 
 
+def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopState | None, run_dir: Path) -> str:
+    """The one line an interrupted or broken run ends with."""
+    what = f"interrupted by {exc.name}" if isinstance(exc, signals.Interrupted) else str(exc)
+    if state is None or where is None:
+        return f"run stopped before its first step ({what}); nothing to save"
+    return (f"run stopped at phase {where[0]} of step {where[1]} ({what}); checkpoint saved at step "
+            f"{state.saved_step}; continue with `python -m orchestration.train --resume {run_dir}`")
+
+
+def save_on_stop(parts: Parts, state: LoopState) -> None:
+    """Save the last finished step (finishing an update the learner has started); say why if it cannot."""
+    if state.step == state.saved_step and state.in_flight is None and state.unlogged is None:
+        return
+    try:
+        save_checkpoint(parts, state)
+    except (LearnerDied, KeyboardInterrupt) as exc:  # a second Ctrl-C or a dead learner: keep the older checkpoint
+        log.error("could not save step %d (%s); the checkpoint stays at step %d", state.step, exc, state.saved_step)
+
+
 def run(cfg: RunConfig, run_dir: Path) -> None:
+    fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
     started_cluster = cluster.connect(cfg)
+    signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
     rollout = None
     parts = state = None
     try:
@@ -70,18 +108,19 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
-        state = restore(parts)
-        parts.metrics = MetricsLog(run_dir, cfg.train.steps, state.step, cfg.logging.tensorboard, cfg.logging.progress)
-        train_loop(cfg, parts, run_dir, state)
+        fault.parts = parts
+        state = restore(cfg, parts, run_dir)
+        train_loop(cfg, parts, run_dir, state, fault)
         finish(cfg, parts, run_dir)
-    except BaseException as exc:
-        if parts is not None and state is not None and (state.step > state.saved_step or state.in_flight):
-            log.error("run stopped (%s) after step %d; saving a checkpoint so `--resume %s` continues there",
-                      type(exc).__name__, state.step, run_dir)
-            try:
-                save_checkpoint(parts, state)
-            except Exception as save_exc:  # keep the original error; say why nothing could be saved
-                log.error("could not save the checkpoint: %s", save_exc)
+    except (signals.Interrupted, LearnerDied) as exc:
+        where = state.where if state is not None else None
+        if parts is not None and state is not None and isinstance(exc, signals.Interrupted):
+            save_on_stop(parts, state)
+        log.error("%s", stop_line(exc, where, state, run_dir))
+        raise
+    except BaseException:
+        if parts is not None and state is not None:
+            save_on_stop(parts, state)
         raise
     finally:
         if parts is not None and parts.metrics is not None:

@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, load_config
 
 log = logging.getLogger("orchestration.serve")
@@ -54,6 +55,7 @@ def curl_example(url: str, name: str, api_key: str | None, prompt: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

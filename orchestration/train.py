@@ -2,6 +2,8 @@
 
 What `ray job submit ... -- python -m orchestration.train` runs. It parses and validates the config before
 importing Ray, JAX or the engine, so config mistakes cost nothing and print one line each (exit code 2).
+SIGINT and SIGTERM are honoured however the process was started (`orchestration.signals`): the run saves its
+last finished step, says so in one line and exits 128 + the signal number; a dead learner actor exits 1.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, dump_config, load_config
 
 log = logging.getLogger("orchestration.train")
@@ -51,6 +54,7 @@ def setup_logging(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals.install()
     args = parse_args(argv)
     try:
         cfg, run_dir = resolve(args)
@@ -61,9 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     dump_config(cfg, run_dir / "config.yaml")
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir.resolve())
+    from orchestration.loop import LearnerDied
     from orchestration.run import run  # imports Ray, the learner and the engine client
 
-    run(cfg, run_dir)
+    try:
+        run(cfg, run_dir)
+    except signals.Interrupted as exc:  # run() already said where it stopped and what it saved
+        return exc.exit_code()
+    except LearnerDied:
+        return 1
     return 0
 
 

@@ -109,7 +109,9 @@ class RolloutServer:
         if self.max_rank is not None and rank is not None and rank > self.max_rank:
             raise ValueError(f"LoRA rank {rank} exceeds rollout.backend.max_lora_rank ({self.max_rank}); raise it")
         t0 = time.perf_counter()
-        folder = write_peft_adapter(self.workdir / "adapters" / adapter_name(version), tensors, adapter_config)
+        folder = self.workdir / "adapters" / adapter_name(version)
+        shutil.rmtree(folder, ignore_errors=True)  # left by a push the server died during; this one replaces it
+        folder = write_peft_adapter(folder, tensors, adapter_config)
         t1 = time.perf_counter()
         self.backend.load_lora(adapter_name(version), folder)
         t2 = time.perf_counter()

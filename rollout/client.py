@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -34,20 +35,37 @@ class RolloutClient:
         self.cfg = cfg
         self.wire = wire
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self, on_sent: Callable[[], None] | None = None) -> httpx.AsyncClient:
         # A fresh client per call: an AsyncClient is bound to the event loop it was first used in, and the
         # sync driver runs each generate() in its own asyncio.run().
+        hooks = {}
+        if on_sent is not None:
+            sent = []
+
+            async def first_request(request: httpx.Request) -> None:
+                if not sent:
+                    sent.append(request)
+                    on_sent()
+            hooks = {"request": [first_request]}
         limits = httpx.Limits(max_connections=self.cfg.max_concurrency,
                               max_keepalive_connections=self.cfg.max_concurrency)
         timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
-        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout)
+        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout, event_hooks=hooks)
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams, lora_name: str | None = None,
-                       adapter_version: int | None = None) -> list[list[Completion]]:
-        """n completions per prompt, in prompt order; all requests are built (and so checked) before any is sent."""
-        payloads = [self.wire.build_payload(p, params, lora_name) for p in prompts]
+                       adapter_version: int | None = None, seeds: list[int] | None = None,
+                       on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
+        """n completions per prompt, in prompt order; all requests are built (and so checked) before any is sent.
+
+        `seeds` gives each prompt's request its own seed (the engine derives its n samples' seeds from it), so a
+        step can be redrawn exactly; `on_sent` is called once, as the first request goes out (a test fault hook).
+        """
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
+        per_prompt = [params] * len(prompts) if seeds is None else [params.model_copy(update={"seed": s}) for s in seeds]
+        payloads = [self.wire.build_payload(p, sp, lora_name) for p, sp in zip(prompts, per_prompt)]
         gate = asyncio.Semaphore(self.cfg.max_concurrency)
-        async with self._http() as http:
+        async with self._http(on_sent) as http:
 
             async def one(payload: dict[str, Any]) -> list[Completion]:
                 async with gate:

@@ -2,8 +2,9 @@
 
 It pairs a `RolloutServer` Ray actor (control plane: process, adapters, restarts) with a `RolloutClient` (data
 plane: HTTP straight to the server). It remembers the current adapter version so every request names it and
-every `Completion` records it. When the server dies mid-generate, it asks the actor to restart it (the actor
-re-loads the current adapter), retries the requests once, logs the event and appends it to `.events`.
+every `Completion` records it. When the server dies mid-generate or mid-push, it asks the actor to restart it (the
+actor re-loads the current adapter), retries the requests (or the push) once, logs the event and appends it to
+`.events`. Requests can carry per-prompt seeds, so a retried step draws the same samples.
 
     with Rollout(cfg, model_dir) as rollout:          # start() ... stop()
         groups = rollout.generate([[1, 2, 3]], SamplingParams(n=8, max_tokens=64))
@@ -16,6 +17,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +77,23 @@ class Rollout:
             raise RuntimeError("Rollout is not started; call start() (or use `with Rollout(...) as rollout`)")
         return self._client
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[list[Completion]]:
-        """n completions per prompt with the current adapter (default params: cfg.sampling)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
+                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
+        """n completions per prompt with the current adapter (default params: cfg.sampling).
+
+        `seeds`: one per prompt, so a retried or resumed step draws the same samples. `on_sent`: called once as the
+        first request goes out, i.e. with requests in flight (the training loop's fault hook uses it).
+        """
         params = params or self.cfg.sampling
         self._check(prompts, params)
         client = self._require_client()
         lora = None if self.version is None else adapter_name(self.version)
         try:
-            return _run_sync(client.generate(prompts, params, lora, self.version))
+            return _run_sync(client.generate(prompts, params, lora, self.version, seeds, on_sent))
         except ServerUnavailable:
             if not self._recover():
                 raise
-        return _run_sync(self._require_client().generate(prompts, params, lora, self.version))
+        return _run_sync(self._require_client().generate(prompts, params, lora, self.version, seeds))
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -120,7 +127,14 @@ class Rollout:
 
         self._require_client()
         t0 = time.perf_counter()
-        ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
+        try:
+            ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
+        except ray.exceptions.RayTaskError as exc:
+            # A server that died during the push: restart it (the previous version is re-loaded), push again.
+            if not self._recover():
+                raise RuntimeError(f"push of LoRA version {version} failed with the server alive: "
+                                   f"{str(exc).strip().splitlines()[-1][:300]}") from exc
+            ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
         self.version = version
         return time.perf_counter() - t0
 

@@ -1,0 +1,88 @@
+"""A test-only fault hook: interrupt or kill a part of the run at a named phase, deterministically.
+
+`AHA_FAULT="phase:action[@step][,phase:action[@step]...]"`, read once at start. Phases are the loop's named places:
+
+    generate   generation requests are in flight (fired by the rollout handle once they are submitted)
+    score      the completions are back, the rewards are being computed
+    learn      the learner update is submitted and running in the learner actor
+    push       the new LoRA tensors are exported, not yet loaded by the engine
+    save       a checkpoint save is submitted to the learner actor
+    between    a step is finished and logged; the next one has not started
+    eval       reserved for in-loop evaluation
+
+Actions: `sigint` / `sigterm` (signal this process's main thread, which raises at once), `kill_engine` (SIGKILL the
+engine server's process group), `kill_learner` (kill the learner actor). Without `@step` a fault fires at the
+first step that reaches its phase; each fault fires once. No sleeps, no timing: a test names where the fault lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PHASES = ("generate", "score", "learn", "push", "save", "between", "eval")
+ACTIONS = ("sigint", "sigterm", "kill_engine", "kill_learner")
+ENV = "AHA_FAULT"
+
+
+@dataclass
+class Fault:
+    phase: str
+    action: str
+    step: int | None = None
+    fired: bool = False
+
+
+def parse(spec: str) -> list[Fault]:
+    """`"learn:sigint@2,push:kill_engine"` -> faults; one-line ValueError naming a bad part."""
+    faults = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        where, _, step = part.partition("@")
+        phase, _, action = where.partition(":")
+        if phase not in PHASES or action not in ACTIONS or (step and not step.isdigit()):
+            raise ValueError(f"{ENV} entry {part!r} is not phase:action[@step] with phase in {PHASES} and "
+                             f"action in {ACTIONS}")
+        faults.append(Fault(phase, action, int(step) if step else None))
+    return faults
+
+
+class FaultHook:
+    """Fires the configured faults; `parts` gives it the engine and the learner to kill."""
+
+    def __init__(self, faults: list[Fault]):
+        self.faults = faults
+        self.parts: Any = None
+
+    @classmethod
+    def from_env(cls) -> FaultHook:
+        return cls(parse(os.environ.get(ENV, "")))
+
+    def __call__(self, phase: str, step: int) -> None:
+        for fault in self.faults:
+            if not fault.fired and fault.phase == phase and fault.step in (None, step):
+                fault.fired = True
+                log.warning("%s: %s at phase %s of step %d", ENV, fault.action, phase, step)
+                self._fire(fault.action)
+
+    def _fire(self, action: str) -> None:
+        import ray
+
+        if action in ("sigint", "sigterm"):
+            # To the main thread, as a terminal's Ctrl-C lands: its blocking wait is interrupted at once even when
+            # the hook runs in the rollout's request thread (a signal taken by that thread would wait for it).
+            signum = signal.SIGINT if action == "sigint" else signal.SIGTERM
+            signal.pthread_kill(threading.main_thread().ident, signum)
+        elif action == "kill_engine":
+            pgid = ray.get(self.parts.rollout.actor.pid.remote())
+            os.killpg(pgid, signal.SIGKILL)
+        elif action == "kill_learner":
+            ray.kill(self.parts.learner, no_restart=True)
+
+
+NO_FAULTS = FaultHook([])
