@@ -128,6 +128,10 @@ class LearnerConfig(Strict):
     """Dtype of the base weights and LoRA weights (float32 on CPU: bf16 is slow there and causes logit ties)."""
     seq_bucket: int = Field(64, ge=1)
     """Padded sequence lengths are multiples of this, so jit compiles once per bucket, not per batch."""
+    logprob_chunk: int = Field(128, ge=0)
+    """Completion positions per chunk of the LM head + sampling transform + log-softmax: each chunk holds
+    micro_batch_size x logprob_chunk x vocab fp32 logits, and only completion positions are computed (penalties
+    and min_tokens need > 0). 0 = the dense reference: full [micro_batch, L, vocab] fp32 logits, as before."""
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
     checkpoint_keep: int = Field(3, ge=1)

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from learner.sampling import SamplingTransform
+
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps one wild token from producing inf/nan (Tunix clamps the same)
 
 
@@ -39,21 +41,10 @@ def grpo_advantages(rewards: np.ndarray, group_ids: np.ndarray, std_normalize: b
     return adv.astype(np.float32)
 
 
-class Sampling(NamedTuple):
-    """The engine's sampling transform (static under jit: constant over a run)."""
+def _dense_keep_mask(scaled: jax.Array, s: SamplingTransform) -> jax.Array:
+    """Tokens the engine could sample: min-p, then top-k, then top-p (vLLM's order), on tempered logits.
 
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    @property
-    def truncates(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-
-
-def _keep_mask(scaled: jax.Array, s: Sampling) -> jax.Array:
-    """Tokens the engine could sample: min-p, then top-k, then top-p (vLLM's order), on tempered logits."""
+    The reference (a full-vocabulary sort for top-p); `logprobs.keep_mask` is the fast equivalent."""
     keep = jnp.ones(scaled.shape, bool)
     if s.min_p > 0.0:
         # p_j >= min_p * p_max  <=>  z_j >= z_max + log(min_p)
@@ -73,17 +64,20 @@ def _keep_mask(scaled: jax.Array, s: Sampling) -> jax.Array:
     return keep
 
 
-def sampling_logprobs(
-    logits: jax.Array, targets: jax.Array, s: Sampling, with_entropy: bool = False
+def dense_sampling_logprobs(
+    logits: jax.Array, targets: jax.Array, s: SamplingTransform, with_entropy: bool = False
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-prob of `targets` under the sampling distribution (tempered, truncated, renormalised); [B, L].
+
+    The dense reference (`learner.logprob_chunk: 0`): full [B, L, V] fp32 arrays, no penalties or min_tokens.
+    The learner's default path is `logprobs.window_logprobs`, equal to this within float rounding.
 
     The target itself is always kept in the support: a token the engine sampled but that falls just outside the
     learner's top-k/top-p set (numerics differ) gets a finite logprob instead of -inf.
     """
     scaled = logits.astype(jnp.float32) / s.temperature
     if s.truncates:
-        keep = _keep_mask(jax.lax.stop_gradient(scaled), s)
+        keep = _dense_keep_mask(jax.lax.stop_gradient(scaled), s)
         keep |= jax.nn.one_hot(targets, scaled.shape[-1], dtype=bool)
         scaled = jnp.where(keep, scaled, -jnp.inf)
     lse = jax.nn.logsumexp(scaled, axis=-1)

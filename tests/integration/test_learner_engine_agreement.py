@@ -19,6 +19,7 @@ from learner import train_step as ts
 from learner.batch import TrainBatch
 from learner.config import LearnerConfig
 from learner.learner import Learner
+from learner.sampling import SamplingTransform
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.types import SamplingParams
@@ -68,7 +69,7 @@ def engine_batch(rollout: Rollout, sampling: dict) -> TrainBatch:
         engine_logprobs=[c.logprobs for _, c in samples],
         rewards=rng.random(len(samples)),
         group_ids=np.repeat(np.arange(PROMPTS), N),
-        temperature=params.temperature, top_k=max(params.top_k, 0), top_p=params.top_p, min_p=params.min_p,
+        sampling=SamplingTransform.of(params),
     )
 
 

@@ -17,7 +17,8 @@ import pytest
 from flax import nnx
 
 from learner.batch import TrainBatch, pack
-from learner.loss import LossOptions, Sampling, grpo_advantages, grpo_token_loss, sampling_logprobs, token_weights
+from learner.loss import LossOptions, dense_sampling_logprobs, grpo_advantages, grpo_token_loss, token_weights
+from learner.sampling import SamplingTransform
 
 TOL = 1e-5
 
@@ -49,7 +50,7 @@ def test_advantages_match_tunix():
 
 
 # ---- sampling transform -------------------------------------------------------------------------------------
-def np_sampling_logprobs(logits, targets, s: Sampling):
+def np_sampling_logprobs(logits, targets, s: SamplingTransform):
     """Reference: tempered logits, min-p, top-k, top-p (vLLM's order), target kept, renormalised."""
     z = logits.astype(np.float64) / s.temperature
     out = np.zeros(targets.shape)
@@ -81,12 +82,12 @@ def np_sampling_logprobs(logits, targets, s: Sampling):
 
 
 SAMPLINGS = [
-    Sampling(),
-    Sampling(temperature=0.7),
-    Sampling(temperature=1.3, top_k=5),
-    Sampling(temperature=0.9, top_p=0.8),
-    Sampling(temperature=1.0, min_p=0.1),
-    Sampling(temperature=0.8, top_k=12, top_p=0.9, min_p=0.02),
+    SamplingTransform(),
+    SamplingTransform(temperature=0.7),
+    SamplingTransform(temperature=1.3, top_k=5),
+    SamplingTransform(temperature=0.9, top_p=0.8),
+    SamplingTransform(temperature=1.0, min_p=0.1),
+    SamplingTransform(temperature=0.8, top_k=12, top_p=0.9, min_p=0.02),
 ]
 
 
@@ -97,16 +98,16 @@ def test_sampling_logprobs_and_gradient_match_numpy(s):
     targets = rng.integers(0, 40, (3, 4))
     targets[0, 0] = int(np.argmin(logits[0, 0]))  # outside every truncation: must stay finite
     want, want_grad = np_sampling_logprobs(logits, targets, s)
-    got = sampling_logprobs(jnp.asarray(logits), jnp.asarray(targets), s)[0]
+    got = dense_sampling_logprobs(jnp.asarray(logits), jnp.asarray(targets), s)[0]
     assert np.isfinite(np.asarray(got)).all(), "sampled token outside the truncated set gave -inf"
     np.testing.assert_allclose(got, want, atol=TOL)
-    grad = jax.grad(lambda x: sampling_logprobs(x, jnp.asarray(targets), s)[0].sum())(jnp.asarray(logits))
+    grad = jax.grad(lambda x: dense_sampling_logprobs(x, jnp.asarray(targets), s)[0].sum())(jnp.asarray(logits))
     np.testing.assert_allclose(grad, want_grad, atol=TOL)
 
 
 def test_sampling_entropy_of_untruncated_distribution():
     logits = np.random.default_rng(2).normal(size=(2, 3, 16)).astype(np.float32)
-    _, ent = sampling_logprobs(jnp.asarray(logits), jnp.zeros((2, 3), jnp.int32), Sampling(), with_entropy=True)
+    _, ent = dense_sampling_logprobs(jnp.asarray(logits), jnp.zeros((2, 3), jnp.int32), SamplingTransform(), with_entropy=True)
     p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     np.testing.assert_allclose(ent, -(p * np.log(p)).sum(-1), atol=TOL)
 
@@ -277,12 +278,12 @@ def test_loss_and_gradient_match_tunix(opts, mode):
         if mode == "seq-mean-token-sum-norm":
             common.aggregate_loss = real
 
-    batch = TrainBatch(prompts, completions, engine, np.zeros(4), np.arange(4), temperature=temperature)
+    batch = TrainBatch(prompts, completions, engine, np.zeros(4), np.arange(4), SamplingTransform(temperature))
     p = pack(batch, adv, bucket=4)
     w = token_weights(p.loss_mask, mode, norm_tokens)
 
     def our_loss(tab):
-        logp = sampling_logprobs(tab[p.tokens], jnp.asarray(p.targets), Sampling(temperature))[0]
+        logp = dense_sampling_logprobs(tab[p.tokens], jnp.asarray(p.targets), SamplingTransform(temperature))[0]
         old = jax.lax.stop_gradient(logp)
         ref_full = np.zeros_like(p.engine_logprobs)
         for i, r in enumerate(ref):
