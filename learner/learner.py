@@ -63,7 +63,7 @@ class Learner:
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
         g = cfg.grpo
-        self._opts = LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap)
+        self._opts = LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap, g.dual_clip)
         batch_axis = "fsdp" if self.mesh.shape["fsdp"] > 1 else None
         self._data_parallel = self.mesh.shape["fsdp"]
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(batch_axis))
@@ -149,6 +149,7 @@ class Learner:
         tokens = max(totals.pop("tokens"), 1.0)
         out = {f"learner/{k}": v / tokens for k, v in totals.items()}
         out["learner/clip_frac"] = out.pop("learner/clip")
+        out["learner/dual_clip_frac"] = out.pop("learner/dual_clip")
         out["learner/is_ratio_mean"] = out.pop("learner/is_ratio")
         out["learner/is_clip_frac"] = out.pop("learner/is_clip")
         out.update({
