@@ -30,7 +30,7 @@ import numpy as np
 
 from learner.sampling import SamplingTransform
 
-_SIGN_OFF = jnp.int32(0x7FFFFFFF)
+_SIGN_OFF = np.int32(0x7FFFFFFF)  # the magnitude bits of a float32
 
 
 def _float_key(x: jax.Array) -> jax.Array:

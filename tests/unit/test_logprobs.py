@@ -57,7 +57,7 @@ def head_and_hidden(seed: int, shape):
 
 
 @pytest.mark.parametrize("s", SAMPLINGS[:6], ids=str)
-@pytest.mark.parametrize("chunk", [1, 4, 64])
+@pytest.mark.parametrize("chunk", [5, 64])  # several chunks, the last padded; one padded chunk
 def test_window_logprobs_equal_the_dense_reference(s, chunk):
     p = pack(random_batch(0, s), np.zeros(5), bucket=4, rows=6)
     head, hidden = head_and_hidden(1, p.tokens.shape)
@@ -139,3 +139,33 @@ def test_penalties_and_min_tokens_follow_vllm(s, chunk):
             assert abs(logp[i, pos] - want) < 1e-5, (i, j, logp[i, pos], want)
             gap = max(gap, abs(plain[i, pos] - want))
     assert gap > 1e-2, f"the penalties change no logprob by more than {gap:.1e}: the test is vacuous"
+
+
+# ---- the hidden-state forward + LM head split, per family, tied and untied -------------------------------------
+TINY_HF = dict(num_hidden_layers=1, vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4)
+FAMILIES = [("llama", True), ("llama", False), ("qwen2", True), ("qwen2", False), ("qwen3", False),
+            ("gemma3_text", True)]
+
+
+@pytest.mark.parametrize("model_type,tied", FAMILIES, ids=lambda x: str(x))
+def test_hidden_forward_and_head_equal_the_model_logits(model_type, tied):
+    import importlib
+
+    from flax import nnx
+
+    from learner.model import family_of, forward_hidden, forward_logits, tunix_config
+
+    hf = {**TINY_HF, "model_type": model_type, "tie_word_embeddings": tied}
+    family = family_of(hf)
+    module = importlib.import_module(f"tunix.models.{family}.model")
+    cls = {"llama3": "Llama3", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma3": "Gemma3"}[family]
+    model = getattr(module, cls)(tunix_config(hf), rngs=nnx.Rngs(0))
+    assert hasattr(model, "lm_head") != tied or family == "gemma3"
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 96, (2, 7)), jnp.int32)
+    valid = jnp.ones(tokens.shape, bool).at[1, 5:].set(False)
+    want = forward_logits(model, tokens, valid)
+    graphdef, state = nnx.split(model)
+    hidden, head = forward_hidden(nnx.merge(graphdef, state), tokens, valid)  # a copy: the head is switched off
+    assert hidden.shape == (2, 7, 32)
+    np.testing.assert_allclose(head(hidden), want, atol=1e-5)
