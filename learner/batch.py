@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from learner.sampling import SamplingTransform
+
 
 @dataclass(frozen=True)
 class TrainBatch:
@@ -22,10 +24,7 @@ class TrainBatch:
     engine_logprobs: list[list[float]]
     rewards: np.ndarray  # [B]
     group_ids: np.ndarray  # [B]; samples of one prompt share an id
-    temperature: float = 1.0
-    top_k: int = 0  # <= 0: off
-    top_p: float = 1.0  # >= 1: off
-    min_p: float = 0.0  # <= 0: off
+    sampling: SamplingTransform = SamplingTransform()  # what the engine sampled from (see learner/sampling.py)
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -46,10 +45,9 @@ class TrainBatch:
                 )
             if not self.prompt_ids[i]:
                 raise ValueError(f"TrainBatch sample {i} has an empty prompt: the first completion token needs context")
-        if self.temperature <= 0:
-            raise ValueError(
-                f"TrainBatch.temperature={self.temperature}: greedy samples have no usable logprobs; sample with T > 0"
-            )
+        if self.sampling.temperature <= 0:
+            raise ValueError(f"TrainBatch.sampling.temperature={self.sampling.temperature}: greedy samples have no "
+                             "usable logprobs; sample with T > 0")
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -65,6 +63,8 @@ class PackedBatch:
     loss_mask: np.ndarray  # float32 [B, L] 1 where targets[t] is a completion token
     engine_logprobs: np.ndarray  # float32 [B, L] engine logprob of targets[t] (0 where masked)
     advantages: np.ndarray  # float32 [B] per-sequence advantage
+    window: np.ndarray  # int32 [B, W]: position predicting completion token j (clipped to L - 1); W = longest
+    # completion, bucketed. The learner takes logits at these positions only.
 
 
 def bucket_length(n: int, bucket: int) -> int:
@@ -86,6 +86,8 @@ def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | Non
     loss_mask = np.zeros((rows, length), np.float32)
     engine_lp = np.zeros((rows, length), np.float32)
     adv = np.zeros((rows,), np.float32)
+    width = min(bucket_length(max(len(c) for c in batch.completion_ids), bucket), length)
+    window = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy()
     for i, (p, c, lp) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs)):
         seq = np.asarray(list(p) + list(c), np.int32)
         tokens[i, : len(seq)] = seq
@@ -96,7 +98,8 @@ def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | Non
         loss_mask[i, lo:hi] = 1.0
         engine_lp[i, lo:hi] = np.asarray(lp, np.float32)
         adv[i] = advantages[i]
-    return PackedBatch(tokens, targets, valid, loss_mask, engine_lp, adv)
+        window[i] = np.minimum(lo + np.arange(width), length - 1)
+    return PackedBatch(tokens, targets, valid, loss_mask, engine_lp, adv, window)
 
 
 def slice_rows(packed: PackedBatch, rows: np.ndarray | slice) -> PackedBatch:

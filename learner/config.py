@@ -93,8 +93,11 @@ class GrpoConfig(Strict):
     """PPO ratio clip above: 1 + clip_eps_high (DAPO clip-higher; set equal to clip_eps_low for plain PPO)."""
     kl_beta: float = Field(0.0, ge=0)
     """KL-to-reference coefficient; 0 = no reference forward at all."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    """KL term in the loss, d = logp - ref on samples of the policy: k1 = d, k2 = d^2 / 2,
+    k3 = exp(-d) + d - 1 (Schulman). Their *gradients* differ (loss.kl_penalty): k1's has zero mean (no pull to
+    the reference), k2's is the gradient of KL(pi || ref), the reverse KL GRPO states (default), k3's that of
+    the forward KL(ref || pi) (DeepSeek's GRPO loss, Tunix's default)."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one number: over all tokens, per sequence then over sequences, or token
     sums divided by a constant (`norm_tokens`) per sequence (Dr. GRPO, no length bias)."""
@@ -102,7 +105,12 @@ class GrpoConfig(Strict):
     """The constant of seq-mean-token-sum-norm (usually the generation budget, max_tokens)."""
     is_cap: float | None = Field(2.0, gt=0)
     """Truncated importance sampling against the engine: per-token weight min(pi_learner / pi_engine, is_cap);
-    None = no correction (the mismatch is still reported)."""
+    None = no correction (the mismatch is still reported). On-policy (epochs 1, one mini-batch) the PPO ratio is
+    exactly 1, so the clips bound nothing and this cap is the only bound on engine/learner drift."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip PPO (Ye et al. 2020): for A < 0 the per-token loss is capped at -dual_clip * A (c > 1, e.g. 3),
+    bounding what one token with a very large ratio can contribute; None = off. Like the ratio clips it only
+    acts off-policy (epochs > 1 or several mini-batches)."""
     engine_logprobs: Literal["processed", "raw"] = "processed"
     """What the batch's engine logprobs are: 'processed' = after temperature and top-k/top-p/min-p (vLLM
     --logprobs-mode processed_logprobs; the sampling distribution), 'raw' = the untempered model distribution."""
@@ -128,6 +136,10 @@ class LearnerConfig(Strict):
     """Dtype of the base weights and LoRA weights (float32 on CPU: bf16 is slow there and causes logit ties)."""
     seq_bucket: int = Field(64, ge=1)
     """Padded sequence lengths are multiples of this, so jit compiles once per bucket, not per batch."""
+    logprob_chunk: int = Field(128, ge=0)
+    """Completion positions per chunk of the LM head + sampling transform + log-softmax: each chunk holds
+    micro_batch_size x logprob_chunk x vocab fp32 logits, and only completion positions are computed (penalties
+    and min_tokens need > 0). 0 = the dense reference: full [micro_batch, L, vocab] fp32 logits, as before."""
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
     checkpoint_keep: int = Field(3, ge=1)

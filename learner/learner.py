@@ -28,9 +28,10 @@ from learner.batch import PackedBatch, TrainBatch, pack, slice_rows
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
 from learner.lora import adapter_config, apply_lora, peft_tensors, write_merged, write_peft
-from learner.loss import LossOptions, Sampling, grpo_advantages, token_weights
+from learner.loss import LossOptions, grpo_advantages, token_weights
 from learner.mesh import learner_mesh
 from learner.model import load_model
+from learner.sampling import SamplingTransform
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Learner:
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
         g = cfg.grpo
-        self._opts = LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap)
+        self._opts = LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap, g.dual_clip)
         batch_axis = "fsdp" if self.mesh.shape["fsdp"] > 1 else None
         self._data_parallel = self.mesh.shape["fsdp"]
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(batch_axis))
@@ -78,9 +79,8 @@ class Learner:
         micro, mini, rows = self._batch_geometry(len(batch))
         order = np.concatenate([self._rng.permutation(len(batch)), np.arange(len(batch), rows)])
         packed = pack(*_take(batch, adv, order[: len(batch)]), self.cfg.seq_bucket, rows)
-        sampling = Sampling(batch.temperature, batch.top_k, batch.top_p, batch.min_p)
         off_policy = g.epochs > 1 or rows // mini > 1
-        logprob_fn, accumulate = self._compiled(sampling, off_policy)
+        logprob_fn, accumulate = self._compiled(batch.sampling, off_policy)
 
         old = self._old_logprobs(logprob_fn, packed, micro) if off_policy else None
         totals: dict[str, float] = {}
@@ -101,19 +101,19 @@ class Learner:
         mini = math.ceil((self.cfg.grpo.mini_batch_size or n) / micro) * micro
         return micro, mini, math.ceil(n / mini) * mini
 
-    def _compiled(self, sampling: Sampling, off_policy: bool):
+    def _compiled(self, sampling: SamplingTransform, off_policy: bool):
         key = (sampling, off_policy)
         if key not in self._fns:
-            raw = self.cfg.grpo.engine_logprobs == "raw"
+            raw, chunk = self.cfg.grpo.engine_logprobs == "raw", self.cfg.logprob_chunk
             self._fns[key] = (
-                ts.make_logprob_fn(self._parts, sampling, raw),
-                ts.make_accumulate_fn(self._parts, sampling, self._opts, raw, off_policy),
+                ts.make_logprob_fn(self._parts, sampling, raw, chunk),
+                ts.make_accumulate_fn(self._parts, sampling, self._opts, raw, off_policy, chunk),
             )
         return self._fns[key]
 
     def _put(self, packed: PackedBatch, rows: slice, weights: np.ndarray) -> ts.MicroBatch:
         p = slice_rows(packed, rows)
-        arrays = (p.tokens, p.targets, p.valid, p.loss_mask, p.engine_logprobs, p.advantages, weights)
+        arrays = (p.tokens, p.targets, p.valid, p.loss_mask, p.engine_logprobs, p.advantages, weights, p.window)
         return ts.MicroBatch(*(jax.device_put(a, self._batch_sharding) for a in arrays))
 
     def _old_logprobs(self, logprob_fn, packed: PackedBatch, micro: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,6 +149,7 @@ class Learner:
         tokens = max(totals.pop("tokens"), 1.0)
         out = {f"learner/{k}": v / tokens for k, v in totals.items()}
         out["learner/clip_frac"] = out.pop("learner/clip")
+        out["learner/dual_clip_frac"] = out.pop("learner/dual_clip")
         out["learner/is_ratio_mean"] = out.pop("learner/is_ratio")
         out["learner/is_clip_frac"] = out.pop("learner/is_clip")
         out.update({
@@ -219,5 +220,5 @@ def _take(batch: TrainBatch, adv: np.ndarray, order: np.ndarray) -> tuple[TrainB
     pick = lambda xs: [xs[i] for i in order]
     b = TrainBatch(pick(batch.prompt_ids), pick(batch.completion_ids), pick(batch.engine_logprobs),
                    np.asarray(batch.rewards)[order], np.asarray(batch.group_ids)[order],
-                   batch.temperature, batch.top_k, batch.top_p, batch.min_p)
+                   batch.sampling)
     return b, adv[order]

@@ -2,11 +2,15 @@
 
 What GRPO means here (one batch = several groups, one group = samples of one prompt):
 - advantage A_i = r_i - mean(group), divided by std(group) (ddof=1, + 1e-6, as Tunix) unless Dr. GRPO;
-- per token: ratio = pi_theta / pi_old; pg = max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high));
+- per token: ratio = pi_theta / pi_old; pg = max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high)); with
+  dual-clip (Ye et al. 2020, off by default) pg = min(pg, -c A) for A < 0, c > 1, so a negative-advantage
+  token whose ratio has grown large adds a bounded loss (and no gradient);
+- on-policy (one update per batch) pi_old = pi_theta, so the ratio is exactly 1 and neither clip does anything:
+  the only bound on the engine/learner drift is the IS cap below;
 - the engine sampled from its own numerics, so each token's loss is weighted by the truncated IS ratio
   min(pi_old / pi_engine, cap) (detached), both under the *same* sampling transform (temperature, top-k,
   top-p, min-p): comparing a tempered, truncated engine distribution with a raw learner one is the usual bug;
-- + beta * KL(pi_theta || pi_ref) with the k1/k2/k3 estimator;
+- + beta * a KL estimator (k1/k2/k3, see `kl_penalty` for which gradient each gives);
 - aggregation as per-token weights (`token_weights`) computed once per mini-batch, so gradient accumulation
   over micro-batches sums to exactly the mini-batch loss.
 Metrics come back as masked *sums* so micro-batches add up; the learner divides by the token count.
@@ -19,6 +23,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from learner.sampling import SamplingTransform
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps one wild token from producing inf/nan (Tunix clamps the same)
 
@@ -39,21 +45,10 @@ def grpo_advantages(rewards: np.ndarray, group_ids: np.ndarray, std_normalize: b
     return adv.astype(np.float32)
 
 
-class Sampling(NamedTuple):
-    """The engine's sampling transform (static under jit: constant over a run)."""
+def _dense_keep_mask(scaled: jax.Array, s: SamplingTransform) -> jax.Array:
+    """Tokens the engine could sample: min-p, then top-k, then top-p (vLLM's order), on tempered logits.
 
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    @property
-    def truncates(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-
-
-def _keep_mask(scaled: jax.Array, s: Sampling) -> jax.Array:
-    """Tokens the engine could sample: min-p, then top-k, then top-p (vLLM's order), on tempered logits."""
+    The reference (a full-vocabulary sort for top-p); `logprobs.keep_mask` is the fast equivalent."""
     keep = jnp.ones(scaled.shape, bool)
     if s.min_p > 0.0:
         # p_j >= min_p * p_max  <=>  z_j >= z_max + log(min_p)
@@ -73,17 +68,20 @@ def _keep_mask(scaled: jax.Array, s: Sampling) -> jax.Array:
     return keep
 
 
-def sampling_logprobs(
-    logits: jax.Array, targets: jax.Array, s: Sampling, with_entropy: bool = False
+def dense_sampling_logprobs(
+    logits: jax.Array, targets: jax.Array, s: SamplingTransform, with_entropy: bool = False
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-prob of `targets` under the sampling distribution (tempered, truncated, renormalised); [B, L].
+
+    The dense reference (`learner.logprob_chunk: 0`): full [B, L, V] fp32 arrays, no penalties or min_tokens.
+    The learner's default path is `logprobs.window_logprobs`, equal to this within float rounding.
 
     The target itself is always kept in the support: a token the engine sampled but that falls just outside the
     learner's top-k/top-p set (numerics differ) gets a finite logprob instead of -inf.
     """
     scaled = logits.astype(jnp.float32) / s.temperature
     if s.truncates:
-        keep = _keep_mask(jax.lax.stop_gradient(scaled), s)
+        keep = _dense_keep_mask(jax.lax.stop_gradient(scaled), s)
         keep |= jax.nn.one_hot(targets, scaled.shape[-1], dtype=bool)
         scaled = jnp.where(keep, scaled, -jnp.inf)
     lse = jax.nn.logsumexp(scaled, axis=-1)
@@ -99,7 +97,17 @@ def sampling_logprobs(
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
-    """Per-token KL(pi_theta || pi_ref) estimate from samples of pi_theta (k1, k2 or k3)."""
+    """Per-token KL estimate with d = log pi_theta(y) - log pi_ref(y), y ~ pi_theta (Schulman's k1, k2, k3).
+
+    As *values* all three estimate KL(pi_theta || pi_ref). As a *loss term* (gradient through logp only, the
+    samples held fixed, as here) they give different gradients; with E over y ~ pi_theta and
+    g = grad log pi_theta(y) (derivation in tests/unit/test_loss.py, checked exactly on a small vocabulary):
+    - k1 = d: grad = g, and E[g] = 0: zero-mean noise, no pull toward the reference at all;
+    - k2 = d^2 / 2: grad = d g, and E[d g] = grad KL(pi_theta || pi_ref): the reverse KL the GRPO objective states
+      (the default);
+    - k3 = exp(-d) + d - 1: grad = (1 - pi_ref / pi_theta) g, and its mean is -E_ref[g] = grad KL(pi_ref || pi_theta):
+      the *forward* KL (what DeepSeek's GRPO loss optimises in practice).
+    """
     diff = logp - ref_logp
     if estimator == "k1":
         return diff
@@ -131,8 +139,9 @@ class LossOptions(NamedTuple):
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     kl_beta: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k2"
     is_cap: float | None = 2.0
+    dual_clip: float | None = None  # c > 1: for A < 0 the per-token loss is at most -c A (None = off)
 
 
 def grpo_token_loss(
@@ -157,6 +166,10 @@ def grpo_token_loss(
     pg1 = -adv * ratio
     pg2 = -adv * jnp.clip(ratio, 1.0 - opts.clip_eps_low, 1.0 + opts.clip_eps_high)
     pg = jnp.maximum(pg1, pg2)
+    dual = jnp.zeros_like(pg, bool)
+    if opts.dual_clip is not None:
+        dual = (adv < 0) & (pg > -opts.dual_clip * adv)
+        pg = jnp.where(dual, -opts.dual_clip * adv, pg)
 
     # Truncated IS against the engine: old (pre-update learner) vs engine, both under the sampling transform.
     mismatch = jax.lax.stop_gradient(old_cmp_logp - engine_logp)
@@ -178,6 +191,7 @@ def grpo_token_loss(
     sums = {
         "tokens": jnp.sum(m),
         "clip": jnp.sum(m * (pg2 > pg1)),
+        "dual_clip": jnp.sum(m * dual),
         "kl": jnp.sum(m * jax.lax.stop_gradient(kl)),
         "is_ratio": jnp.sum(m * is_ratio),
         "is_clip": jnp.sum(m * (is_ratio > opts.is_cap)) if opts.is_cap is not None else jnp.zeros(()),

@@ -175,3 +175,34 @@ def forward_logits(model: nnx.Module, tokens: jax.Array, valid: jax.Array) -> ja
     mask = causal[None] & valid[:, None, :]
     logits, _ = model(tokens, positions, None, mask)
     return logits
+
+
+def _identity(self, x):
+    return x
+
+
+@functools.cache
+def _hidden_class(cls: type) -> type:
+    """A subclass of an LM-head module (Einsum `__call__`, Embedder `decode`) whose output is its input."""
+    return type(f"HiddenOut{cls.__name__}", (cls,), {"__call__": _identity, "decode": _identity,
+                                                     "__module__": __name__})
+
+
+def forward_hidden(model: nnx.Module, tokens: jax.Array, valid: jax.Array):
+    """(final-norm hidden states [B, L, D], head: hidden [..., D] -> fp32 logits [..., V]) for right-padded tokens.
+
+    The model's own forward runs with its LM head switched to the identity (on this merged copy only: call it
+    on a model built inside the traced function), so callers apply the head where they need logits.
+    Tied families (gemma3, tied llama/qwen) decode with the input embedding, the others with `lm_head`.
+    """
+    head_module = getattr(model, "lm_head", None)
+    if head_module is not None:
+        w = head_module.w[...]  # [D, V]
+        head = lambda h: jnp.einsum("...D,DV->...V", h.astype(w.dtype), w).astype(jnp.float32)
+        head_module.__class__ = _hidden_class(type(head_module))
+    else:
+        emb = model.embedder.input_embedding[...]  # [V, D]
+        head = lambda h: jnp.dot(h.astype(emb.dtype), emb.T).astype(jnp.float32)
+        model.embedder.__class__ = _hidden_class(type(model.embedder))
+    hidden = forward_logits(model, tokens, valid)
+    return hidden, head

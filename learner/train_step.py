@@ -16,8 +16,10 @@ import optax
 from flax import nnx
 
 from learner.config import OptimizerConfig
-from learner.loss import LossOptions, Sampling, grpo_token_loss, sampling_logprobs
-from learner.model import forward_logits
+from learner.logprobs import window_logprobs
+from learner.loss import LossOptions, dense_sampling_logprobs, grpo_token_loss
+from learner.model import forward_hidden, forward_logits
+from learner.sampling import SamplingTransform
 
 __all__ = ["ModelParts", "MicroBatch", "merge", "forward_logits", "make_logprob_fn", "make_accumulate_fn",
            "make_optimizer", "make_apply_fn"]
@@ -33,6 +35,7 @@ class MicroBatch(NamedTuple):
     engine_logprobs: jax.Array
     advantages: jax.Array  # [B]
     weights: jax.Array  # aggregation weights (see loss.token_weights)
+    window: jax.Array  # int32 [B, W]: the position predicting each completion token (see batch.PackedBatch)
 
 
 class ModelParts(NamedTuple):
@@ -55,25 +58,38 @@ def zero_b(lora: dict) -> dict:
             for k, v in lora.items()}
 
 
-def _logprobs(parts, lora, base, mb: MicroBatch, sampling: Sampling, with_entropy: bool, raw: bool):
+def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entropy: bool, raw: bool, chunk: int):
+    """(logp under the transform, entropy or None, raw logp or None), [B, L] each.
+
+    chunk > 0: LM head and transform at completion positions only, `chunk` positions at a time (bounded
+    memory); chunk = 0: the dense reference over full [B, L, V] logits (no penalties or min_tokens).
+    """
     model = merge(parts._replace(base=base), lora)
+    if chunk > 0:
+        hidden, head = forward_hidden(model, mb.tokens, mb.valid)
+        vocab = jax.eval_shape(head, jax.ShapeDtypeStruct((1, hidden.shape[-1]), hidden.dtype)).shape[-1]
+        return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw)
+    if s.needs_history:
+        raise ValueError(f"learner.logprob_chunk=0 (dense reference) does not model penalties or min_tokens ({s}); "
+                         "set learner.logprob_chunk > 0")
     logits = forward_logits(model, mb.tokens, mb.valid)
-    logp, entropy = sampling_logprobs(logits, mb.targets, sampling, with_entropy)
-    raw_logp = sampling_logprobs(logits, mb.targets, Sampling())[0] if raw else None
+    logp, entropy = dense_sampling_logprobs(logits, mb.targets, s, with_entropy)
+    raw_logp = dense_sampling_logprobs(logits, mb.targets, SamplingTransform())[0] if raw else None
     return logp, entropy, raw_logp
 
 
-def make_logprob_fn(parts: ModelParts, sampling: Sampling, raw: bool):
+def make_logprob_fn(parts: ModelParts, sampling: SamplingTransform, raw: bool, chunk: int):
     """jit: (lora, base, mb) -> (logp under the sampling transform, raw logp or None); no gradient."""
 
     def fn(lora, base, mb):
-        logp, _, raw_logp = _logprobs(parts, lora, base, mb, sampling, False, raw)
+        logp, _, raw_logp = _logprobs(parts, lora, base, mb, sampling, False, raw, chunk)
         return logp, raw_logp
 
     return jax.jit(fn)
 
 
-def make_accumulate_fn(parts: ModelParts, sampling: Sampling, opts: LossOptions, raw: bool, off_policy: bool):
+def make_accumulate_fn(parts: ModelParts, sampling: SamplingTransform, opts: LossOptions, raw: bool,
+                       off_policy: bool, chunk: int):
     """jit: (lora, base, grad_acc, mb, old_logp, old_cmp) -> (grad_acc + grad, loss, metric sums).
 
     on-policy (one update per batch): old logprobs = the current ones, detached; no extra forward.
@@ -81,13 +97,13 @@ def make_accumulate_fn(parts: ModelParts, sampling: Sampling, opts: LossOptions,
     """
 
     def loss_fn(lora, base, mb, old_logp, old_cmp):
-        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw)
+        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw, chunk)
         if not off_policy:
             old_logp = jax.lax.stop_gradient(logp)
             old_cmp = jax.lax.stop_gradient(raw_logp if raw else logp)
         ref_logp = None
         if opts.kl_beta > 0.0:
-            ref_logp, _, _ = _logprobs(parts, zero_b(lora), base, mb, sampling, False, False)
+            ref_logp, _, _ = _logprobs(parts, zero_b(lora), base, mb, sampling, False, False, chunk)
             ref_logp = jax.lax.stop_gradient(ref_logp)
         loss, sums = grpo_token_loss(
             logp, old_logp, old_cmp, mb.engine_logprobs, mb.advantages, mb.weights, mb.loss_mask, opts, ref_logp

@@ -125,6 +125,23 @@ class RunConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def check_sampling_is_modelled(self) -> "RunConfig":
+        # The learner models temperature, min-p, top-k, top-p, penalties and min_tokens (learner/sampling.py);
+        # anything else that changes the engine's processed logprobs would bias the importance correction.
+        s, learner = self.rollout.sampling, self.learner
+        unmodelled = sorted({"logit_bias", "bad_words", "allowed_token_ids", "logits_processors"} & set(s.extra))
+        if unmodelled and learner.grpo.is_cap is not None:
+            raise ValueError(f"rollout.sampling.extra sets {unmodelled}, which the learner does not model, so the "
+                             "importance correction would compare different distributions; remove them or set "
+                             "learner.grpo.is_cap: null")
+        history = (s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+                   or s.min_tokens > 0)
+        if history and learner.logprob_chunk == 0:
+            raise ValueError("rollout.sampling sets penalties or min_tokens, which learner.logprob_chunk: 0 (the "
+                             "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")
+        return self
+
     @property
     def group_size(self) -> int:
         return self.rollout.sampling.n

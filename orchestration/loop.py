@@ -29,6 +29,7 @@ import numpy as np
 import ray
 
 from learner.batch import TrainBatch
+from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
 from orchestration.faults import NO_FAULTS, FaultHook
@@ -131,11 +132,12 @@ def to_train_batch(cfg: RunConfig, r: Rollouts) -> TrainBatch:
             completion_ids.append(list(c.token_ids))
             engine_logprobs.append(list(c.logprobs))
             group_ids.append(g)
-    s = cfg.rollout.sampling
+    # The full transform the engine sampled from; eos ids only matter to min_tokens (which masks them).
+    sampling = SamplingTransform.of(cfg.rollout.sampling, model_eos_ids(str(cfg.model.resolved_path)))
     return TrainBatch(
         prompt_ids=prompt_ids, completion_ids=completion_ids, engine_logprobs=engine_logprobs,
         rewards=np.asarray(r.totals, dtype=np.float32), group_ids=np.asarray(group_ids, dtype=np.int32),
-        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+        sampling=sampling,
     )
 
 

@@ -19,6 +19,7 @@ from learner import train_step as ts
 from learner.batch import TrainBatch
 from learner.config import LearnerConfig
 from learner.learner import Learner
+from learner.sampling import SamplingTransform, model_eos_ids
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.types import SamplingParams
@@ -68,7 +69,7 @@ def engine_batch(rollout: Rollout, sampling: dict) -> TrainBatch:
         engine_logprobs=[c.logprobs for _, c in samples],
         rewards=rng.random(len(samples)),
         group_ids=np.repeat(np.arange(PROMPTS), N),
-        temperature=params.temperature, top_k=max(params.top_k, 0), top_p=params.top_p, min_p=params.min_p,
+        sampling=SamplingTransform.of(params),
     )
 
 
@@ -89,3 +90,50 @@ def test_engine_logprobs_with_pushed_adapter_match_the_learner(rollout, learner,
     assert np.isfinite(diff) and diff <= TOLERANCE, (
         f"engine logprobs with the pushed adapter differ from the learner's by {diff:.2e} per token (> {TOLERANCE})")
     assert base_diff >= VACUITY_FLOOR, f"without the adapter the gap is only {base_diff:.2e}: the check is vacuous"
+
+
+# Each penalty on, and min_tokens (over the whole completion, with the most frequent plain samples as stop ids,
+# so the mask has mass to remove). Measured figures: see the printed line (pytest -s).
+PENALTIES = {
+    "repetition": dict(repetition_penalty=1.3),
+    "presence": dict(presence_penalty=0.8),
+    "frequency": dict(frequency_penalty=0.6),
+    "min_tokens": dict(min_tokens=MAX_TOKENS),
+}
+PENALTY_VACUITY_FLOOR = 1e-2
+
+
+def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[TrainBatch, TrainBatch]:
+    """(batch under the engine's full transform, the same samples under a transform without the penalties)."""
+    stop = []
+    if "min_tokens" in sampling:
+        plain = np.concatenate(engine_batch(rollout, dict(temperature=1.0)).completion_ids)
+        stop = [int(t) for t in np.argsort(-np.bincount(plain))[:5]]
+    params = SamplingParams(n=N, max_tokens=MAX_TOKENS, ignore_eos=True, seed=0, stop_token_ids=stop, **sampling)
+    rng = np.random.default_rng(0)
+    prompts = [[1, *map(int, rng.integers(100, 40000, size=30))] for _ in range(PROMPTS)]
+    samples = [(p, c) for p, group in zip(prompts, rollout.generate(prompts, params)) for c in group]
+    assert all(len(c.token_ids) == MAX_TOKENS for _, c in samples)
+    modelled = SamplingTransform.of(params, model_eos_ids(str(model_dir)))
+    unmodelled = modelled._replace(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
+    make = lambda s: TrainBatch([p for p, _ in samples], [c.token_ids for _, c in samples],
+                                [c.logprobs for _, c in samples], rng.random(len(samples)),
+                                np.repeat(np.arange(PROMPTS), N), s)
+    return make(modelled), make(unmodelled)
+
+
+@pytest.mark.parametrize("sampling", PENALTIES.values(), ids=PENALTIES.keys())
+def test_engine_logprobs_under_penalties_match_the_learner(rollout, learner, tiny_model_dir, sampling):
+    modelled, unmodelled = penalty_batch(rollout, tiny_model_dir, sampling)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # step() donates (updates in place) the params it is given
+    trained = copy(learner.params)
+    try:
+        diff = learner.step(modelled)["learner/logprob_abs_diff"]
+        learner.params = copy(trained)
+        gap = learner.step(unmodelled)["learner/logprob_abs_diff"]
+    finally:
+        learner.params = trained
+    print(f"\n{sampling}: learner vs engine {diff:.2e}/token modelled, {gap:.2e}/token without the modelling")
+    assert np.isfinite(diff) and diff <= TOLERANCE, (
+        f"under {sampling} the learner's logprobs differ from the engine's by {diff:.2e} per token (> {TOLERANCE})")
+    assert gap >= PENALTY_VACUITY_FLOOR, f"without modelling {sampling} the gap is only {gap:.2e}: vacuous"

@@ -15,6 +15,7 @@ import pytest
 from learner.batch import TrainBatch
 from learner.config import LearnerConfig
 from learner.learner import Learner
+from learner.sampling import SamplingTransform
 
 pytestmark = pytest.mark.integration
 T, K, P, N, G = 5.0, 50, 8, 8, 8  # temperature, top_k, prompt / completion tokens, group size
@@ -52,7 +53,7 @@ def batch_from(toks: np.ndarray, lps: np.ndarray) -> TrainBatch:
     comp = toks[:, P:]
     return TrainBatch([list(p) for p in toks[:, :P]], [list(c) for c in comp], [list(x) for x in lps],
                       rewards=(comp % 2 == 1).mean(1), group_ids=np.repeat(np.arange(len(toks) // G), G),
-                      temperature=T, top_k=K)
+                      sampling=SamplingTransform(temperature=T, top_k=K))
 
 
 def flat(tree) -> list[np.ndarray]:
@@ -105,3 +106,26 @@ def test_multi_update_kl_and_is_metrics(tiny_model_dir):
     assert metrics["learner/kl"] > 0, "KL to the reference stays 0 after 4 updates: reference forward broken"
     assert 0.2 < metrics["learner/logprob_abs_diff"] < 0.6, metrics
     assert 0 < metrics["learner/is_clip_frac"] < 1 and metrics["learner/mismatch_kl"] > 0
+
+
+def test_chunked_logprobs_step_equals_the_dense_reference(tiny_model_dir):
+    """learner.logprob_chunk (completion positions only, chunked) vs 0 (dense [B, L, V]): same loss, gradient
+    norm and metrics within 1e-6, with two updates (old logprobs) and KL, so every logprob pass is compared.
+    lr is tiny: Adam turns float-rounding-level gradient differences into lr-sized steps, which the second
+    update would then compare instead of the logprobs."""
+    sampling = SamplingTransform(temperature=0.9, top_p=0.9, min_p=0.01)  # top-p by bisection
+    def run(chunk: int):
+        cfg = LearnerConfig.model_validate({
+            "devices": {"offset": 1, "count": 1}, "seq_bucket": 16, "logprob_chunk": chunk, "optimizer": {"lr": 1e-9},
+            "grpo": {"mini_batch_size": 8, "micro_batch_size": 4, "kl_beta": 0.05}})
+        learner = Learner(cfg, tiny_model_dir)
+        rng = np.random.default_rng(2)
+        toks, lps = sample(learner, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
+        batch = batch_from(toks, lps + rng.normal(0, 0.3, lps.shape))
+        batch = TrainBatch(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs, batch.rewards,
+                           batch.group_ids, sampling)
+        return learner.step(batch)
+
+    dense, chunked = run(0), run(3)
+    for key in METRICS:
+        np.testing.assert_allclose(chunked[f"learner/{key}"], dense[f"learner/{key}"], atol=1e-6, err_msg=key)

@@ -17,7 +17,9 @@ import pytest
 from flax import nnx
 
 from learner.batch import TrainBatch, pack
-from learner.loss import LossOptions, Sampling, grpo_advantages, grpo_token_loss, sampling_logprobs, token_weights
+from learner.loss import (LossOptions, dense_sampling_logprobs, grpo_advantages, grpo_token_loss, kl_penalty,
+                          token_weights)
+from learner.sampling import SamplingTransform
 
 TOL = 1e-5
 
@@ -49,7 +51,7 @@ def test_advantages_match_tunix():
 
 
 # ---- sampling transform -------------------------------------------------------------------------------------
-def np_sampling_logprobs(logits, targets, s: Sampling):
+def np_sampling_logprobs(logits, targets, s: SamplingTransform):
     """Reference: tempered logits, min-p, top-k, top-p (vLLM's order), target kept, renormalised."""
     z = logits.astype(np.float64) / s.temperature
     out = np.zeros(targets.shape)
@@ -81,12 +83,12 @@ def np_sampling_logprobs(logits, targets, s: Sampling):
 
 
 SAMPLINGS = [
-    Sampling(),
-    Sampling(temperature=0.7),
-    Sampling(temperature=1.3, top_k=5),
-    Sampling(temperature=0.9, top_p=0.8),
-    Sampling(temperature=1.0, min_p=0.1),
-    Sampling(temperature=0.8, top_k=12, top_p=0.9, min_p=0.02),
+    SamplingTransform(),
+    SamplingTransform(temperature=0.7),
+    SamplingTransform(temperature=1.3, top_k=5),
+    SamplingTransform(temperature=0.9, top_p=0.8),
+    SamplingTransform(temperature=1.0, min_p=0.1),
+    SamplingTransform(temperature=0.8, top_k=12, top_p=0.9, min_p=0.02),
 ]
 
 
@@ -97,16 +99,16 @@ def test_sampling_logprobs_and_gradient_match_numpy(s):
     targets = rng.integers(0, 40, (3, 4))
     targets[0, 0] = int(np.argmin(logits[0, 0]))  # outside every truncation: must stay finite
     want, want_grad = np_sampling_logprobs(logits, targets, s)
-    got = sampling_logprobs(jnp.asarray(logits), jnp.asarray(targets), s)[0]
+    got = dense_sampling_logprobs(jnp.asarray(logits), jnp.asarray(targets), s)[0]
     assert np.isfinite(np.asarray(got)).all(), "sampled token outside the truncated set gave -inf"
     np.testing.assert_allclose(got, want, atol=TOL)
-    grad = jax.grad(lambda x: sampling_logprobs(x, jnp.asarray(targets), s)[0].sum())(jnp.asarray(logits))
+    grad = jax.grad(lambda x: dense_sampling_logprobs(x, jnp.asarray(targets), s)[0].sum())(jnp.asarray(logits))
     np.testing.assert_allclose(grad, want_grad, atol=TOL)
 
 
 def test_sampling_entropy_of_untruncated_distribution():
     logits = np.random.default_rng(2).normal(size=(2, 3, 16)).astype(np.float32)
-    _, ent = sampling_logprobs(jnp.asarray(logits), jnp.zeros((2, 3), jnp.int32), Sampling(), with_entropy=True)
+    _, ent = dense_sampling_logprobs(jnp.asarray(logits), jnp.zeros((2, 3), jnp.int32), SamplingTransform(), with_entropy=True)
     p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     np.testing.assert_allclose(ent, -(p * np.log(p)).sum(-1), atol=TOL)
 
@@ -277,12 +279,12 @@ def test_loss_and_gradient_match_tunix(opts, mode):
         if mode == "seq-mean-token-sum-norm":
             common.aggregate_loss = real
 
-    batch = TrainBatch(prompts, completions, engine, np.zeros(4), np.arange(4), temperature=temperature)
+    batch = TrainBatch(prompts, completions, engine, np.zeros(4), np.arange(4), SamplingTransform(temperature))
     p = pack(batch, adv, bucket=4)
     w = token_weights(p.loss_mask, mode, norm_tokens)
 
     def our_loss(tab):
-        logp = sampling_logprobs(tab[p.tokens], jnp.asarray(p.targets), Sampling(temperature))[0]
+        logp = dense_sampling_logprobs(tab[p.tokens], jnp.asarray(p.targets), SamplingTransform(temperature))[0]
         old = jax.lax.stop_gradient(logp)
         ref_full = np.zeros_like(p.engine_logprobs)
         for i, r in enumerate(ref):
@@ -293,3 +295,58 @@ def test_loss_and_gradient_match_tunix(opts, mode):
     o_loss, o_grad = jax.value_and_grad(our_loss)(jnp.asarray(table))
     np.testing.assert_allclose(o_loss, t_loss, atol=TOL, err_msg="loss differs from Tunix's grpo_loss_fn")
     np.testing.assert_allclose(o_grad, t_grad.table[...], atol=TOL, err_msg="gradient differs from Tunix's")
+
+
+# ---- what each KL estimator's gradient is, in the loss ----------------------------------------------------------
+def test_kl_estimator_gradients_in_the_loss():
+    """Exact expectations over a small vocabulary, samples y ~ pi_theta held fixed (gradient through logp only):
+    E[grad k1] = 0, E[grad k2] = grad KL(pi || ref), E[grad k3] = grad KL(ref || pi).
+
+    Derivation, d = log pi(y) - log ref(y), g = grad log pi(y), E = sum_y pi(y):
+    k1 = d -> g, E[g] = sum_y grad pi(y) = 0; k2 = d^2/2 -> d g, and grad KL(pi||ref) = E[d g] + E[g] = E[d g];
+    k3 = e^-d + d - 1 -> (1 - ref/pi) g, E = E[g] - sum_y ref(y) g(y) = -E_ref[g] = grad KL(ref||pi).
+    """
+    rng = np.random.default_rng(7)
+    theta, ref = jnp.asarray(rng.normal(size=9)), jax.nn.log_softmax(jnp.asarray(rng.normal(size=9)))
+    pi = jax.nn.softmax(theta)
+    ys = jnp.arange(9)
+
+    def expected_grad(estimator):
+        per_y = jax.vmap(lambda y: jax.grad(lambda t: kl_penalty(jax.nn.log_softmax(t)[y], ref[y], estimator))(theta))
+        return (pi[:, None] * per_y(ys)).sum(0)
+
+    reverse = jax.grad(lambda t: jnp.sum(jax.nn.softmax(t) * (jax.nn.log_softmax(t) - ref)))(theta)
+    forward = jax.grad(lambda t: jnp.sum(jnp.exp(ref) * (ref - jax.nn.log_softmax(t))))(theta)
+    np.testing.assert_allclose(expected_grad("k1"), 0.0, atol=1e-6)
+    np.testing.assert_allclose(expected_grad("k2"), reverse, atol=1e-6)
+    np.testing.assert_allclose(expected_grad("k3"), forward, atol=1e-6)
+    assert np.abs(reverse - forward).max() > 1e-2, "the two KLs coincide here: the test could not tell them apart"
+    assert LossOptions().kl_estimator == "k2", "the in-loss default must be the estimator whose gradient is the KL"
+
+
+def test_dual_clip_caps_negative_advantage_tokens():
+    """For A < 0 the per-token loss is min(max(-A r, -A clip(r)), -c A): tokens with r > c are capped (no gradient),
+    the others and every A > 0 token are unchanged."""
+    logp = jnp.log(jnp.array([[0.5, 2.0, 5.0, 5.0]]))  # ratios 0.5, 2, 5, 5 against old logp 0
+    old = jnp.zeros((1, 4))
+    adv = jnp.array([-1.0])
+    w = jnp.full((1, 4), 0.25)
+    mask = jnp.ones((1, 4))
+    opts = LossOptions(is_cap=None, dual_clip=3.0)
+
+    def per_token(lp, o, a):
+        loss, sums = grpo_token_loss(lp, old, old, old, a, w, mask, o)
+        return loss, sums
+
+    loss, sums = per_token(logp, opts, adv)
+    plain, _ = per_token(logp, opts._replace(dual_clip=None), adv)
+    # per token with A = -1: max(r, clip(r, 0.8, 1.28)) = 0.8, 2, 5, 5; dual-clip caps 5 -> 3
+    np.testing.assert_allclose(plain, 0.25 * (0.8 + 2 + 5 + 5), rtol=1e-6)
+    np.testing.assert_allclose(loss, 0.25 * (0.8 + 2 + 3 + 3), rtol=1e-6)
+    assert float(sums["dual_clip"]) == 2
+    grad = jax.grad(lambda lp: per_token(lp, opts, adv)[0])(logp)
+    np.testing.assert_allclose(grad[0, 2:], 0.0), "a dual-clipped token must give no gradient"
+    np.testing.assert_allclose(grad[0, 1], 0.25 * 2.0, rtol=1e-6)
+    pos, _ = per_token(logp, opts, -adv)
+    pos_plain, _ = per_token(logp, opts._replace(dual_clip=None), -adv)
+    np.testing.assert_allclose(pos, pos_plain), "dual-clip must not touch positive advantages"
