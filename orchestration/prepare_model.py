@@ -94,40 +94,26 @@ def prepare_smollm2(out: Path) -> Path:
     return out
 
 
-def prepare_tiny(out: Path, tokenizer_from: Path) -> Path:
-    """A seeded 2-layer Llama (hidden 128, head_dim 64 as SmolLM2) with SmolLM2's tokenizer (idempotent)."""
+def prepare_tiny(out: Path, tokenizer_from: Path, family: str = "llama") -> Path:
+    """A seeded tiny random `family` model with SmolLM2's tokenizer (see orchestration/tiny_models.py)."""
+    from transformers import AutoTokenizer
+
+    from orchestration.tiny_models import make_tiny
+
     if (out / ".complete").exists():
         return out
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = _fix_tokenizer(AutoTokenizer.from_pretrained(tokenizer_from))
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
-        rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5, torch_dtype="float32",
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    # Random init gives near-uniform logits; a larger output scale makes greedy decoding peaked and
-    # sampling parameters (top_k, temperature) visibly matter in tests.
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    _fix_config(model, tok)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    (out / ".complete").touch()
-    return out
+    return make_tiny(family, out, _fix_tokenizer(AutoTokenizer.from_pretrained(tokenizer_from)), _fix_config)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=cache_dir() / "models", help="models folder")
     args = parser.parse_args()
+    from orchestration.tiny_models import TINY_FAMILIES, tiny_name
+
     smol = prepare_smollm2(args.cache / SMOLLM2)
-    tiny = prepare_tiny(args.cache / TINY, smol)
-    for path in (smol, tiny):
+    tiny = [prepare_tiny(args.cache / tiny_name(f), smol, f) for f in TINY_FAMILIES]
+    for path in (smol, *tiny):
         cfg = json.loads((path / "config.json").read_text())
         print(f"model ready: {path} (layers={cfg['num_hidden_layers']}, hidden={cfg['hidden_size']}, "
               f"eos={cfg['eos_token_id']}, pad={cfg['pad_token_id']})")
