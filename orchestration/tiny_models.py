@@ -3,7 +3,7 @@
 Every family gets SmolLM2's tokenizer, 128 hidden units and a few layers, and keeps what makes it differ from
 Llama, so a wrong config mapping or export shows up as a logit gap:
 - qwen2: q/k/v biases (randomised: HF initialises them to 0, which would hide a dropped bias);
-- qwen3: q/k RMSNorm on each head (weights randomised around 1);
+- qwen3: q/k RMSNorm on each head (weights randomised around 1), a rope base other than Tunix's hard-coded one;
 - gemma3: sliding-window layers mixed with global ones in a pattern unlike Tunix's fixed 5:1 (window 16 tokens,
   far shorter than any test prompt), separate local/global rope bases, query scaling by
   query_pre_attn_scalar = hidden / heads (not head_dim), its four (1 + w) normalisers per layer and q/k norms
@@ -40,8 +40,9 @@ def _config(family: str, vocab: int):
     if family == "qwen3":
         from transformers import Qwen3Config
 
+        # rope base 1e5, not Qwen3's 1e6: Tunix 0.1.7's qwen3 hard-codes 1e6, so a lost fix shows.
         return Qwen3Config(**common, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                           head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6)
+                           head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-6)
     if family == "gemma3":
         from transformers import Gemma3TextConfig
 
