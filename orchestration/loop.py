@@ -25,6 +25,7 @@ import ray
 from learner.batch import TrainBatch
 from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
+from orchestration.engine_check import check_engine_agreement
 from orchestration.metrics import MetricsLog
 from orchestration.prompts import PromptRenderer
 from rewards.registry import RewardSet
@@ -180,6 +181,7 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState) ->
         if cfg.train.mode == "async" and step < cfg.train.steps:
             pending = generate_and_score(cfg, parts, step + 1)
         learn_metrics = ray.get(learn_ref)
+        check_engine_agreement(cfg, step - start_step, learn_metrics)  # stop before training on a wrong model
         state.step, state.data, state.in_flight = step, state.in_flight.data_after, None
         t_learn = time.perf_counter() - t0
         # 6. export_lora + load_lora (timing/sync)

@@ -1,6 +1,6 @@
 """The adapter the learner pushes is the policy the engine samples from, under the sampling transform in use.
 
-A real vLLM server (tiny Llama, float32, processed logprobs) gets the learner's LoRA (random, so it changes the
+A real vLLM server (each family's tiny random model, float32, processed logprobs) gets the learner's LoRA (random, so it changes the
 policy) through the rollout actor exactly as the loop pushes it; the engine's per-token logprobs of its own samples
 must then match the learner's logprobs of those tokens (the step's `learner/logprob_abs_diff`, computed before the
 update) under plain temperature and under temperature + top-k + top-p + min-p truncation. The same samples scored
@@ -23,6 +23,7 @@ from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.types import SamplingParams
 from conftest import running_rollout
+from orchestration.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
 
@@ -37,20 +38,26 @@ SAMPLINGS = {
 }
 
 
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def family_dir(request, tiny_family_dir):
+    """Each family's tiny random model in turn (gemma3: sliding window 16 < the 31-token prompts)."""
+    return tiny_family_dir(request.param)
+
+
 @pytest.fixture(scope="module")
-def learner(tiny_model_dir):
+def learner(family_dir):
     cfg = LearnerConfig.model_validate({"devices": {"offset": 1, "count": 2}, "lora": {"rank": RANK, "alpha": 16}})
-    learner = Learner(cfg, tiny_model_dir)
+    learner = Learner(cfg, family_dir)
     keys = iter(jax.random.split(jax.random.key(1), 1000))
     learner.params = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), learner.params)
     return learner
 
 
 @pytest.fixture(scope="module")
-def rollout(tiny_model_dir, learner):
+def rollout(family_dir, learner):
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
                         client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
-    with running_rollout(cfg, tiny_model_dir) as rollout:
+    with running_rollout(cfg, family_dir) as rollout:
         rollout.push_lora(1, *learner.lora_tensors())
         yield rollout
 
@@ -87,5 +94,5 @@ def test_engine_logprobs_with_pushed_adapter_match_the_learner(rollout, learner,
     finally:
         learner.params = trained
     assert np.isfinite(diff) and diff <= TOLERANCE, (
-        f"engine logprobs with the pushed adapter differ from the learner's by {diff:.2e} per token (> {TOLERANCE})")
-    assert base_diff >= VACUITY_FLOOR, f"without the adapter the gap is only {base_diff:.2e}: the check is vacuous"
+        f"{learner.family}: engine logprobs with the pushed adapter differ from the learner's by {diff:.2e} per token (> {TOLERANCE})")
+    assert base_diff >= VACUITY_FLOOR, f"{learner.family}: without the adapter the gap is only {base_diff:.2e}: the check is vacuous"
