@@ -119,7 +119,7 @@ def _check_gemma3(hf: dict[str, Any]) -> None:
     for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
         if hf.get(cap) is not None:
             raise ValueError(f"gemma3 {cap}={hf[cap]}: Tunix's gemma3 has no soft cap (Gemma 3 checkpoints set None)")
-    if float(hf.get("rms_norm_eps", 1e-6)) != 1e-6:
+    if abs(float(hf.get("rms_norm_eps", 1e-6)) - 1e-6) > 1e-12:  # GGUFs store 1e-6 as float32 (9.99999997e-7)
         raise ValueError(f"gemma3 rms_norm_eps={hf['rms_norm_eps']}: Tunix's gemma3 RMSNorm hard-codes 1e-6")
     if not hf.get("tie_word_embeddings", True):
         raise ValueError("gemma3 tie_word_embeddings=false: Tunix's gemma3 decodes with the input embedding")
