@@ -45,6 +45,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     ours = learner.logits(tokens)
     assert np.abs(ref["adapter"] - ref["base"]).max() > 0.1, "adapter has no effect: the check would be vacuous"
     diff = np.abs(ours - ref["adapter"]).max()
+    print(f"{family}: NNX LoRA vs peft {diff:.2e}, vs merged {np.abs(ours - ref['merged']).max():.2e}")
     assert diff <= 1e-3, f"{family}: peft logits differ from the NNX LoRA model by {diff:.2e}: Qwix->PEFT mapping broken"
     diff = np.abs(ours - ref["merged"]).max()
     assert diff <= 1e-3, f"{family}: merged-weights logits differ from the NNX LoRA model by {diff:.2e}"

@@ -54,6 +54,7 @@ def test_logits_match_transformers(which, tiny_family_dir, smollm2_dir, engine_p
 
     model, family = load_model(model_dir, mesh=None)
     diff = np.abs(logits_of(model, tokens) - ref).max()
+    print(f"{which}: learner vs transformers {diff:.2e}")
     assert diff <= 1e-3, f"{family}: max |logit diff| vs transformers {diff:.2e} > 1e-3: config mapping broken"
 
     # Undo our fix (llama3/qwen3: Tunix's hard-coded rope theta 1e6; gemma3: Tunix's fixed 5:1 layer pattern)
