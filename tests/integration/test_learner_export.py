@@ -38,7 +38,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     assert a.shape == (8, heads_dim) and b.shape == (hf["intermediate_size"], 8), "PEFT: A [r, in], B [out, r]"
     assert tensors.keys() == learner.lora_tensors()[0].keys()
     layers = hf["num_hidden_layers"]
-    assert len(tensors) == 2 * 7 * layers, f"{family}: {len(tensors)} tensors, expected A and B for 7 targets x {layers}"
+    assert len(tensors) == 2 * 7 * layers, f"{family}: {len(tensors)} tensors, not A+B x 7 x {layers}"
 
     tokens = prompt_tokens(2, 2, 48)  # 3x tiny-gemma3's sliding window
     ref = reference_logits(engine_python, model_dir, tokens, tmp_path, adapter=adapter, merged=merged)
@@ -46,6 +46,6 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     assert np.abs(ref["adapter"] - ref["base"]).max() > 0.1, "adapter has no effect: the check would be vacuous"
     diff = np.abs(ours - ref["adapter"]).max()
     print(f"{family}: NNX LoRA vs peft {diff:.2e}, vs merged {np.abs(ours - ref['merged']).max():.2e}")
-    assert diff <= 1e-3, f"{family}: peft logits differ from the NNX LoRA model by {diff:.2e}: Qwix->PEFT mapping broken"
+    assert diff <= 1e-3, f"{family}: peft vs the NNX LoRA model {diff:.2e}: Qwix->PEFT mapping broken"
     diff = np.abs(ours - ref["merged"]).max()
     assert diff <= 1e-3, f"{family}: merged-weights logits differ from the NNX LoRA model by {diff:.2e}"
