@@ -93,6 +93,7 @@ def test_engine_logprobs_with_pushed_adapter_match_the_learner(rollout, learner,
         base_diff = learner.step(batch)["learner/logprob_abs_diff"]
     finally:
         learner.params = trained
+    print(f"{learner.family}: learner vs engine {diff:.2e} per token with the adapter, {base_diff:.2e} without")
     assert np.isfinite(diff) and diff <= TOLERANCE, (
         f"{learner.family}: engine logprobs with the pushed adapter differ from the learner's by {diff:.2e} per token (> {TOLERANCE})")
     assert base_diff >= VACUITY_FLOOR, f"{learner.family}: without the adapter the gap is only {base_diff:.2e}: the check is vacuous"
