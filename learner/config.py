@@ -146,3 +146,17 @@ class LearnerConfig(Strict):
     """Keep the last N checkpoints."""
     seed: int = 0
     """Seeds LoRA initialisation and the learner's RNG (saved in checkpoints)."""
+    engine_check: bool = True
+    """Stop a run whose first-step `learner/logprob_abs_diff` (per token, learner vs engine, before any update)
+    exceeds `max_engine_gap`, with an error naming the model family."""
+    max_engine_gap: float | None = Field(None, gt=0)
+    """The bound of that check; None = 1e-3 for float32, 5e-2 for bfloat16 (its rounding alone moves logprobs;
+    that figure is a margin, not a measurement)."""
+
+    @property
+    def engine_gap_bound(self) -> float | None:
+        if not self.engine_check:
+            return None
+        if self.max_engine_gap is not None:
+            return self.max_engine_gap
+        return 1e-3 if self.param_dtype == "float32" else 5e-2

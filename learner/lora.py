@@ -5,6 +5,11 @@ Qwix stores LoRA next to each intercepted weight (`w_lora_a/b` on Tunix `Einsum`
 [out, r] with HF's flattening of heads (head-major), which is exactly `A.reshape(-1, r).T` and
 `B.reshape(r, -1).T` (q/k/v: B [r, heads, head_dim]; o_proj: A [heads, head_dim, r]). Both scale the update
 by alpha / r, so lora_alpha = alpha.
+
+Config targets are PEFT names; each family maps them to its Tunix modules (`FAMILY_MODULES`): llama3 / qwen2 /
+qwen3 use the same names, gemma3 has q_einsum, kv_einsum (k and v fused) and attn_vec_einsum. Gemma3's kv_einsum
+LoRA has one A [D, r] for k and v and B [r, 2, kv_heads, head_dim]: exported as k_proj and v_proj adapters with
+the same A and B's two slices, which is the same update.
 """
 
 from __future__ import annotations
@@ -23,25 +28,75 @@ from learner.config import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# Tunix module name -> HF module name (llama3 / qwen2 / qwen3 layouts).
-HF_BLOCK = {"attn": "self_attn", "mlp": "mlp"}
 _LORA_LEAF = re.compile(r"^(?:w|kernel)_lora_(a|b)$")
+_LLAMA_MODULES = {"q_proj": ("attn", "q_proj"), "k_proj": ("attn", "k_proj"), "v_proj": ("attn", "v_proj"),
+                  "o_proj": ("attn", "o_proj"), "gate_proj": ("mlp", "gate_proj"), "up_proj": ("mlp", "up_proj"),
+                  "down_proj": ("mlp", "down_proj")}
+# PEFT target name -> (Tunix block, Tunix module) per family. Gemma 3 fuses k and v into one einsum whose
+# LoRA A is shared by both (Qwix contracts over the model dim only), so k_proj and v_proj go together.
+FAMILY_MODULES: dict[str, dict[str, tuple[str, str]]] = {
+    "llama3": _LLAMA_MODULES, "qwen2": _LLAMA_MODULES, "qwen3": _LLAMA_MODULES,
+    "gemma3": {**_LLAMA_MODULES, "q_proj": ("attn", "q_einsum"), "k_proj": ("attn", "kv_einsum"),
+               "v_proj": ("attn", "kv_einsum"), "o_proj": ("attn", "attn_vec_einsum")},
+}
+FUSED = {"gemma3": [("k_proj", "v_proj")]}
+# Tunix module -> HF module path(s) under a layer; a fused module lists one per slice of its leading axis.
+HF_MODULES = {"q_proj": ["self_attn.q_proj"], "k_proj": ["self_attn.k_proj"], "v_proj": ["self_attn.v_proj"],
+              "o_proj": ["self_attn.o_proj"], "q_einsum": ["self_attn.q_proj"],
+              "kv_einsum": ["self_attn.k_proj", "self_attn.v_proj"], "attn_vec_einsum": ["self_attn.o_proj"],
+              "gate_proj": ["mlp.gate_proj"], "up_proj": ["mlp.up_proj"], "down_proj": ["mlp.down_proj"]}
+
+
+def lora_modules(family: str, targets: tuple[str, ...] | list[str]) -> dict[str, tuple[str, str]]:
+    """PEFT target -> the family's Tunix (block, module); an unknown or half-fused target is an error."""
+    modules = FAMILY_MODULES.get(family)
+    if modules is None:
+        raise ValueError(f"LoRA has no module map for family {family!r}; families: {sorted(FAMILY_MODULES)}")
+    unknown = [t for t in targets if t not in modules]
+    if unknown:
+        known = ", ".join(f"{t} ({'.'.join(m)})" for t, m in modules.items())
+        raise ValueError(f"lora.target_modules {unknown} match no {family} module; {family} has: {known}")
+    for group in FUSED.get(family, []):
+        if 0 < len(set(group) & set(targets)) < len(group):
+            raise ValueError(f"lora.target_modules: {family} fuses {' and '.join(group)} in one module "
+                             f"({modules[group[0]][1]}); list all of {list(group)} or none")
+    return {t: modules[t] for t in targets}
+
+
+def model_family(model: nnx.Module) -> str:
+    """Our family key of a Tunix model instance, from its class's module (tunix.models.<family>.model)."""
+    parts = type(model).__module__.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tunix", "models"] else type(model).__name__
 
 
 def apply_lora(model: nnx.Module, cfg: LoraConfig, seed: int) -> nnx.Module:
     """Wrap the target projections with Qwix LoRA (B = 0, so the model's outputs are unchanged)."""
-    targets = "|".join(re.escape(t) for t in cfg.target_modules)
-    provider = qwix.LoraProvider(module_path=f".*(?:{targets})", rank=cfg.rank, alpha=cfg.alpha)
-    return qwix.apply_lora_to_model(model, provider, **model.get_model_input(), rngs=nnx.Rngs(seed))
+    family = model_family(model)
+    modules = sorted(set(lora_modules(family, cfg.target_modules).values()))
+    alternatives = "|".join(f"{block}/{re.escape(name)}" for block, name in modules)
+    provider = qwix.LoraProvider(module_path=rf"layers/\d+/(?:{alternatives})", rank=cfg.rank, alpha=cfg.alpha)
+    lora_model = qwix.apply_lora_to_model(model, provider, **model.get_model_input(), rngs=nnx.Rngs(seed))
+    found = {(str(p[2]), str(p[3])) for p, _ in nnx.iter_graph(lora_model) if _is_lora_path(p)}
+    missing = [m for m in modules if m not in found]
+    if missing:
+        raise ValueError(f"LoRA targets {['.'.join(m) for m in missing]} adapted no module of this {family} model")
+    return lora_model
 
 
-def peft_name(path: tuple) -> str:
-    """PEFT tensor name for a Qwix LoRA leaf path, e.g. ('layers', 0, 'attn', 'q_proj', 'w_lora_a')."""
+def _is_lora_path(path: tuple) -> bool:
+    return len(path) == 5 and str(path[0]) == "layers" and bool(_LORA_LEAF.match(str(path[4])))
+
+
+def peft_names(path: tuple) -> list[str]:
+    """PEFT tensor name(s) for a Qwix LoRA leaf path, e.g. ('layers', 0, 'attn', 'q_proj', 'w_lora_a').
+
+    A fused module (gemma3's kv_einsum) gives one name per HF module it holds, in its leading axis's order.
+    """
     keys = [str(getattr(k, "key", k)) for k in path]
-    if len(keys) != 5 or keys[0] != "layers" or keys[2] not in HF_BLOCK or not _LORA_LEAF.match(keys[4]):
-        raise ValueError(f"LoRA leaf {'.'.join(keys)} has no PEFT name: only llama/qwen layer projections export")
+    if len(keys) != 5 or keys[0] != "layers" or keys[3] not in HF_MODULES or not _LORA_LEAF.match(keys[4]):
+        raise ValueError(f"LoRA leaf {'.'.join(keys)} has no PEFT name: only layer projections export")
     ab = _LORA_LEAF.match(keys[4]).group(1).upper()
-    return f"base_model.model.model.layers.{keys[1]}.{HF_BLOCK[keys[2]]}.{keys[3]}.lora_{ab}.weight"
+    return [f"base_model.model.model.layers.{keys[1]}.{hf}.lora_{ab}.weight" for hf in HF_MODULES[keys[3]]]
 
 
 def to_peft(value: np.ndarray, name: str, rank: int) -> np.ndarray:
@@ -49,6 +104,20 @@ def to_peft(value: np.ndarray, name: str, rank: int) -> np.ndarray:
     if name.endswith("lora_A.weight"):
         return np.ascontiguousarray(value.reshape(-1, rank).T)
     return np.ascontiguousarray(value.reshape(rank, -1).T)
+
+
+def split_fused(value: np.ndarray, names: list[str]) -> list[np.ndarray]:
+    """One array per HF module of a (possibly fused) LoRA leaf.
+
+    Fused kv_einsum: A [D, r] is shared by k and v (copied to both); B [r, 2, K, H] splits on axis 1.
+    """
+    if len(names) == 1:
+        return [value]
+    if names[0].endswith("lora_A.weight"):
+        return [value] * len(names)
+    if value.shape[1] != len(names):
+        raise ValueError(f"fused LoRA B {value.shape} does not split into {len(names)} modules {names}")
+    return [value[:, i] for i in range(len(names))]
 
 
 def flat_leaves(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
@@ -63,8 +132,9 @@ def peft_tensors(lora_params: dict, rank: int) -> dict[str, np.ndarray]:
     """All LoRA weights (a nested dict as `nnx.State.to_pure_dict()` gives) as float32 numpy with PEFT names."""
     out = {}
     for path, value in flat_leaves(lora_params):
-        name = peft_name(path)
-        out[name] = to_peft(np.asarray(value, dtype=np.float32), name, rank)
+        names = peft_names(path)
+        for name, part in zip(names, split_fused(np.asarray(value, dtype=np.float32), names)):
+            out[name] = to_peft(part, name, rank)
     return dict(sorted(out.items()))
 
 

@@ -96,11 +96,50 @@ def tunix_config(hf: dict[str, Any], param_dtype: str = "float32", remat: bool =
     return _gemma3_config(hf, dtype, remat)
 
 
+def _gemma3_rope(hf: dict[str, Any]) -> dict[str, float]:
+    """Local (sliding) and global rope base and linear scale factor, from either transformers layout."""
+    params = hf.get("rope_parameters") or {}
+    if "sliding_attention" in params:  # transformers >= 5: one rope dict per layer type
+        local, full = params["sliding_attention"], params.get("full_attention", {})
+    else:  # transformers 4: rope_theta + rope_local_base_freq + rope_scaling (global layers only)
+        local = {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
+        full = {**(hf.get("rope_scaling") or {}), "rope_theta": _rope_theta(hf, 1e6)}
+    for kind, rope in (("sliding_attention", local), ("full_attention", full)):
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "linear"):
+            raise ValueError(f"gemma3 {kind} rope_type {rope_type!r} is not supported by Tunix (default, linear)")
+    return {"local_base_frequency": float(local.get("rope_theta", 10_000.0)),
+            "local_scale_factor": float(local.get("factor", 1.0)),
+            "global_base_frequency": float(full.get("rope_theta", 1e6)),
+            "global_scale_factor": float(full.get("factor", 1.0))}
+
+
+def _check_gemma3(hf: dict[str, Any]) -> None:
+    """Gemma 3 features Tunix's model lacks: refuse them instead of computing something else."""
+    for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(cap) is not None:
+            raise ValueError(f"gemma3 {cap}={hf[cap]}: Tunix's gemma3 has no soft cap (Gemma 3 checkpoints set None)")
+    if abs(float(hf.get("rms_norm_eps", 1e-6)) - 1e-6) > 1e-12:  # GGUFs store 1e-6 as float32 (9.99999997e-7)
+        raise ValueError(f"gemma3 rms_norm_eps={hf['rms_norm_eps']}: Tunix's gemma3 RMSNorm hard-codes 1e-6")
+    if not hf.get("tie_word_embeddings", True):
+        raise ValueError("gemma3 tie_word_embeddings=false: Tunix's gemma3 decodes with the input embedding")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("gemma3 use_bidirectional_attention=true (an encoder) is not a causal LM to train")
+
+
+def gemma3_layer_types(hf: dict[str, Any]) -> list[str]:
+    """'sliding_attention' / 'full_attention' per layer (config.json's layer_types, else its pattern)."""
+    n = hf["num_hidden_layers"]
+    if hf.get("layer_types"):
+        return list(hf["layer_types"])
+    pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+
+
 def _gemma3_config(hf: dict[str, Any], dtype, remat: bool):
     from tunix.models.gemma3 import model as m
 
-    _check_rope_scaling(hf, allowed=("linear",))
-    scaling = hf.get("rope_scaling") or {}
+    _check_gemma3(hf)
     head_dim = _head_dim(hf)
     # Gemma 3 scales queries by query_pre_attn_scalar**-0.5; Tunix offers head_dim or embed_dim / heads.
     scalar = hf.get("query_pre_attn_scalar", head_dim)
@@ -114,11 +153,23 @@ def _gemma3_config(hf: dict[str, Any], dtype, remat: bool):
         num_layers=hf["num_hidden_layers"], num_embed=hf["vocab_size"], embed_dim=hf["hidden_size"],
         hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=head_dim,
         num_kv_heads=hf["num_key_value_heads"], sliding_window_size=hf.get("sliding_window"),
-        local_base_frequency=int(hf.get("rope_local_base_freq", 10_000)),
-        global_base_frequency=int(_rope_theta(hf, 1e6)),
-        global_scale_factor=float(scaling.get("factor", 1.0)), query_pre_attn_norm=norm,
+        **_gemma3_rope(hf), query_pre_attn_norm=norm,
         remat_config=m.RematConfig.DECODER if remat else m.RematConfig.NONE, param_dtype=dtype,
     )
+
+
+def fix_gemma3_layers(model: nnx.Module, hf: dict[str, Any]) -> None:
+    """Give each layer the attention type config.json says (Tunix cycles a fixed 5 local : 1 global pattern)."""
+    from tunix.models.gemma3 import model as m
+
+    cfg = model.config
+    for layer, kind in zip(model.layers, gemma3_layer_types(hf), strict=True):
+        local = kind == "sliding_attention"
+        if not local and kind != "full_attention":
+            raise ValueError(f"gemma3 layer type {kind!r}: expected sliding_attention or full_attention")
+        layer.attn.attn_type = m.AttentionType.LOCAL_SLIDING if local else m.AttentionType.GLOBAL
+        layer.attn.rope_base_frequency = cfg.local_base_frequency if local else cfg.global_base_frequency
+        layer.attn.rope_scale_factor = cfg.local_scale_factor if local else cfg.global_scale_factor
 
 
 @functools.cache
@@ -164,6 +215,8 @@ def load_model(model_path: Path, mesh: jax.sharding.Mesh | None, param_dtype: st
         raise FileNotFoundError(f"no *.safetensors in {model_path}: convert the checkpoint to safetensors first")
     model = params.create_model_from_safe_tensors(str(model_path), cfg, mesh=mesh, dtype=DTYPES[param_dtype])
     fix_rope_theta(model, family)
+    if family == "gemma3":
+        fix_gemma3_layers(model, hf)
     return model, family
 
 

@@ -1,7 +1,7 @@
 """Reference logits from transformers (+ peft): what the learner's NNX model must reproduce.
 
 Runs in the engine env (torch, transformers, peft), as a script, never imported by the learner:
-    python learner/reference.py MODEL_DIR IN.npz OUT.npz [--adapter DIR] [--merged DIR]
+    python learner/reference.py MODEL_DIR_OR_GGUF IN.npz OUT.npz [--adapter DIR] [--merged DIR]
 IN.npz holds `tokens` [B, L] (int); OUT.npz gets `base` (the model alone), and `adapter` (peft with the
 adapter) / `merged` (a merged HF folder) when asked: float32 logits [B, L, V]. Python 3.11, no jax.
 """
@@ -20,9 +20,20 @@ def logits_of(model, tokens: np.ndarray) -> np.ndarray:
         return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
 
 
-def main() -> None:
+def load(model: str):
+    """An HF folder, or a .gguf file (dequantised to float32 by transformers' GGUF loader)."""
+    from pathlib import Path
+
     import torch
     from transformers import AutoModelForCausalLM
+
+    path = Path(model)
+    where, gguf = (path.parent, {"gguf_file": path.name}) if path.suffix == ".gguf" else (path, {})
+    return AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, attn_implementation="eager", **gguf).eval()
+
+
+def main() -> None:
+    import torch
 
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
@@ -33,7 +44,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     tokens = np.load(args.inp)["tokens"]
-    load = lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     base = load(args.model_dir)
     out = {"base": logits_of(base, tokens)}
     if args.adapter:

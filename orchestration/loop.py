@@ -32,6 +32,7 @@ from learner.batch import TrainBatch
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
+from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.metrics import MetricsLog
 from orchestration.prompts import PromptRenderer
@@ -229,6 +230,7 @@ def generate_ahead(cfg: RunConfig, parts: Parts, pending: deque, step: int, faul
 def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fault: FaultHook = NO_FAULTS) -> None:
     """Run steps state.step+1 .. cfg.train.steps. The adapter on the server is version `state.step` on entry."""
     version = state.step  # one learner update per step, so the policy version is the step count
+    first_step = state.step + 1
     pending: deque[Rollouts] = deque()  # async: batches generated ahead, oldest first
     for step in range(state.step + 1, cfg.train.steps + 1):
         t_step = time.perf_counter()
@@ -248,6 +250,7 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
             generate_ahead(cfg, parts, pending, step, fault)
             state.where = ("learn", step)
         metrics = collect(state)
+        check_engine_agreement(cfg, step - first_step + 1, metrics)  # stop before training on a wrong model
         t_learn = time.perf_counter() - t0
         # 6. export_lora + load_lora (timing/sync)
         state.where = ("push", step)

