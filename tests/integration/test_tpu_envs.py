@@ -33,7 +33,9 @@ def test_learner_tpu_env_installs_and_libtpu_knows_the_topology():
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_env.sh"), "learner-tpu"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     python = Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"JAX_PLATFORMS": "cpu"}
+    # libtpu takes a /tmp lockfile (one user per TPU VM); on this shared box another process may hold it.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {
+        "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     out = subprocess.run([str(python), "-c", TOPOLOGY], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-3:] == ["0.12.0.1", "4", "tpu"]
