@@ -47,7 +47,13 @@ overlay() {  # overlay ENV_DIR LINK: LINK = a venv of this clone over ENV_DIR's 
   mv -T "$tmp" "$link"
 }
 
-if [ $TPU = 1 ]; then learner=learner-tpu engine=vllm-tpu; else learner=learner engine=vllm; fi
+if [ $TPU = 1 ]; then
+  learner=learner-tpu engine=vllm-tpu
+  # vllm-tpu is an sdist; its setup.py builds for CUDA unless told the target (vllm/envs.py: default "cuda").
+  export VLLM_TARGET_DEVICE=tpu
+else
+  learner=learner engine=vllm
+fi
 learner_dir=$(build_env $learner)
 engine_dir=$(build_env $engine)
 overlay "$learner_dir" "$ROOT/.venv"
