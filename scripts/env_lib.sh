@@ -19,6 +19,7 @@ vllm         3.11  x86_64-manylinux_2_28  venv
 sglang_jax   3.12  x86_64-manylinux_2_28  venv
 learner-tpu  3.12  x86_64-manylinux_2_31  venv
 vllm-tpu     3.12  x86_64-manylinux_2_31  venv
+libtpu       3.12  x86_64-manylinux_2_31  target
 "
 
 env_field() {  # env_field NAME COLUMN(2=python 3=platform 4=kind)
@@ -77,7 +78,7 @@ build_env() {  # build_env NAME -> prints $CACHE/envs/NAME-<hash>, building it f
       rm -rf "$CACHE/envs/.tmp.$name."*  # leftovers of killed builds of this env (we hold its lock)
       tmp="$CACHE/envs/.tmp.$name.$hash.$$"
       if [ "$kind" = target ]; then  # a plain folder of packages (e.g. a libtpu sidecar), no interpreter of its own
-        "$(uv_bin)" pip install --target "$tmp" --python "$(find_python "$py")" --require-hashes --no-deps -r "$lock" >&2
+        "$(uv_bin)" pip install --quiet --target "$tmp" --python "$(find_python "$py")" --require-hashes --no-deps -r "$lock" >&2
       else
         "$(uv_bin)" venv --quiet --relocatable --python "$(find_python "$py")" "$tmp" >&2
         "$(uv_bin)" pip sync --quiet --python "$tmp/bin/python" --require-hashes "${links[@]}" "$lock" >&2
