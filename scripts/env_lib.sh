@@ -63,31 +63,37 @@ relink() {  # relink TARGET LINK: point LINK at TARGET atomically (rename over t
   ln -sfn "$1" "$2.tmp.$$" && mv -T "$2.tmp.$$" "$2"
 }
 
+install_lock() {  # install_lock KIND PYTHON LOCK DEST [uv args]: DEST = exactly the lock's packages (no resolution)
+  local kind=$1 python=$2 lock=$3 dest=$4; shift 4
+  if [ "$kind" = target ]; then  # a plain folder of packages (e.g. a libtpu sidecar), no interpreter of its own
+    "$(uv_bin)" pip install --quiet --target "$dest" --python "$python" --require-hashes --no-deps "$@" -r "$lock" >&2
+  else
+    "$(uv_bin)" venv --quiet --relocatable --python "$python" "$dest" >&2 &&
+      "$(uv_bin)" pip sync --quiet --python "$dest/bin/python" --require-hashes "$@" "$lock" >&2
+  fi
+}
+
 build_env() {  # build_env NAME -> prints $CACHE/envs/NAME-<hash>, building it from requirements/NAME.lock if absent
-  local name=$1 lock="$ROOT/requirements/$1.lock" py kind hash dir tmp links=()
+  # Every step checks its status itself: callers may run this as an `if` condition, where `set -e` is off.
+  local name=$1 lock="$ROOT/requirements/$1.lock" py kind hash dir tmp python links=()
   py=$(env_field "$name" 2); kind=$(env_field "$name" 4)
   [ -f "$lock" ] || { echo "setup: $lock missing; run \`bash scripts/lock.sh $name\`" >&2; return 1; }
   hash=$( (cat "$lock"; echo "$py $kind") | sha256sum | cut -c1-12)
   dir="$CACHE/envs/$name-$hash"
   if [ ! -f "$dir/.complete" ]; then
-    if grep -q '^torch==.*+cpu' "$lock"; then torch_wheels_or_fail; links=(--find-links "$TORCH_WHEELS"); fi
+    if grep -q '^torch==.*+cpu' "$lock"; then torch_wheels_or_fail || return 1; links=(--find-links "$TORCH_WHEELS"); fi
+    python=$(find_python "$py") || return 1
     exec 8>"$CACHE/envs/.$name.lock"
     flock 8  # one builder per env; whoever waited finds it built below
     if [ ! -f "$dir/.complete" ]; then
       echo "setup: building $name env in $dir (first time only)" >&2
       rm -rf "$CACHE/envs/.tmp.$name."*  # leftovers of killed builds of this env (we hold its lock)
       tmp="$CACHE/envs/.tmp.$name.$hash.$$"
-      if [ "$kind" = target ]; then  # a plain folder of packages (e.g. a libtpu sidecar), no interpreter of its own
-        "$(uv_bin)" pip install --quiet --target "$tmp" --python "$(find_python "$py")" --require-hashes --no-deps -r "$lock" >&2
-      else
-        "$(uv_bin)" venv --quiet --relocatable --python "$(find_python "$py")" "$tmp" >&2
-        "$(uv_bin)" pip sync --quiet --python "$tmp/bin/python" --require-hashes "${links[@]}" "$lock" >&2
-      fi
-      touch "$tmp/.complete"
-      mv -T "$tmp" "$dir"  # atomic; $dir did not exist (checked under the lock)
+      install_lock "$kind" "$python" "$lock" "$tmp" "${links[@]}" || { echo "setup: $name env failed to install" >&2; return 1; }
+      touch "$tmp/.complete" && mv -T "$tmp" "$dir" || return 1  # atomic; $dir did not exist (checked under the lock)
     fi
     exec 8>&-
   fi
-  relink "$dir" "$CACHE/envs/$name"  # the machine's current NAME env (engine default: rollout/server_process.py)
+  relink "$dir" "$CACHE/envs/$name" || return 1  # the machine's current NAME env (engine default: rollout/server_process.py)
   echo "$dir"
 }
