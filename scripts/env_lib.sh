@@ -89,7 +89,9 @@ build_env() {  # build_env NAME -> prints $CACHE/envs/NAME-<hash>, building it f
       echo "setup: building $name env in $dir (first time only)" >&2
       rm -rf "$CACHE/envs/.tmp.$name."*  # leftovers of killed builds of this env (we hold its lock)
       tmp="$CACHE/envs/.tmp.$name.$hash.$$"
-      install_lock "$kind" "$python" "$lock" "$tmp" "${links[@]}" || { rm -rf "$tmp"; echo "setup: $name env failed to install" >&2; return 1; }
+      if ! install_lock "$kind" "$python" "$lock" "$tmp" "${links[@]}"; then
+        rm -rf "$tmp"; echo "setup: $name env failed to install (log above)" >&2; return 1
+      fi
       touch "$tmp/.complete" && mv -T "$tmp" "$dir" || return 1  # atomic; $dir did not exist (checked under the lock)
     fi
     exec 8>&-
