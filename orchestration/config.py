@@ -152,7 +152,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every dotted leaf path of a config tree (`learner.optimizer.lr`, ...); a union of models contributes each member's."""
+    """Every dotted leaf path of a config tree (`learner.optimizer.lr`, ...); a union contributes each member's."""
     paths = []
     for name, info in model.model_fields.items():
         args = getattr(info.annotation, "__args__", None) or (info.annotation,)

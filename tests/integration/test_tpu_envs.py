@@ -30,7 +30,8 @@ print(jax.__version__, len(devices), devices[0].platform)
 
 
 def test_learner_tpu_env_installs_and_libtpu_knows_the_topology():
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_env.sh"), "learner-tpu"], capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_env.sh"), "learner-tpu"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     python = Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python"
     # libtpu takes a /tmp lockfile (one user per TPU VM); on this shared box another process may hold it.
@@ -42,12 +43,13 @@ def test_learner_tpu_env_installs_and_libtpu_knows_the_topology():
 
 
 def test_vllm_tpu_env_resolves(tmp_path):
-    inputs = [ROOT / "requirements" / f for f in ("vllm-tpu.in", "vllm-tpu.uv.toml")] + [ROOT / "scripts" / "env_lib.sh"]
+    inputs = [ROOT / "requirements" / "vllm-tpu.in", ROOT / "requirements" / "vllm-tpu.uv.toml",
+              ROOT / "scripts" / "env_lib.sh"]
     key = hashlib.sha256(b"".join(p.read_bytes() for p in inputs)).hexdigest()[:12]
     done = CACHE / "ci" / f"vllm-tpu-resolves-{key}"
     if not done.exists():
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "lock.sh"), "vllm-tpu"], env=os.environ | {"LOCK_OUT": str(tmp_path)},
-                              capture_output=True, text=True)
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "lock.sh"), "vllm-tpu"],
+                              env=os.environ | {"LOCK_OUT": str(tmp_path)}, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         pins = (tmp_path / "vllm-tpu.lock").read_text()
         assert "\nvllm-tpu==0.32.0 " in pins and "\ntpu-inference==0.32.0 " in pins and "\nlibtpu==" in pins

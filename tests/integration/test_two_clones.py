@@ -40,7 +40,8 @@ def test_two_clones_each_import_their_own_code(tmp_path):
     clones = {name: tmp_path / name for name in ("one", "two")}
     for name, dest in clones.items():
         _clone(dest, name, cwd=tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"RAY_USAGE_STATS_ENABLED": "0"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
     for name, dest in clones.items():
         out = subprocess.run([str(dest / ".venv" / "bin" / "python"), "-c", PROBE], cwd="/", env=env,
                              capture_output=True, text=True)

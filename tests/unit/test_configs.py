@@ -54,9 +54,11 @@ def test_unknown_nested_key_suggests_the_right_one():
     ("rolout.sampling.n=4", "rolout: unknown key; did you mean rollout.sampling.n?"),
     ("learner.optimzer.lr=1e-5", "learner.optimzer: unknown key; did you mean learner.optimizer.lr?"),
     # a name cut short, inside the engine union
-    ("rollout.backend.gpu_mem=0.3", "rollout.backend.gpu_mem: unknown key; did you mean rollout.backend.gpu_memory_utilization?"),
+    ("rollout.backend.gpu_mem=0.3",
+     "rollout.backend.gpu_mem: unknown key; did you mean rollout.backend.gpu_memory_utilization?"),
     # inside a list of sections
-    ("rewards.terms=[{name: countdown, wieght: 1}]", "rewards.terms.0.wieght: unknown key; did you mean rewards.terms.weight?"),
+    ("rewards.terms=[{name: countdown, wieght: 1}]",
+     "rewards.terms.0.wieght: unknown key; did you mean rewards.terms.weight?"),
     # nothing close: no guess
     ("zzz=1", "zzz: unknown key"),
 ])
