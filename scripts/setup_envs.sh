@@ -27,6 +27,8 @@ fi
 
 overlay() {  # overlay ENV_DIR LINK: LINK = a venv of this clone over ENV_DIR's packages, importing this clone's code
   local env=$1 link=$2 tmp site
+  # Already this clone's overlay of this env: keep it (a process of this clone may be running from it).
+  if [ -f "$link/.aha-overlay" ] && [ "$(cat "$link/.aha-overlay")" = "$ROOT $env" ]; then return 0; fi
   tmp="$link.tmp.$$"
   rm -rf "$tmp"
   "$UV" venv --quiet --relocatable --python "$env/bin/python" "$tmp" >&2
@@ -43,6 +45,7 @@ overlay() {  # overlay ENV_DIR LINK: LINK = a venv of this clone over ENV_DIR's 
   done
   printf '#!/bin/sh\nexec "$(dirname -- "$(realpath -- "$0")")/python" -m orchestration.cli "$@"\n' > "$tmp/bin/aha"
   chmod +x "$tmp/bin/aha"
+  echo "$ROOT $env" > "$tmp/.aha-overlay"
   rm -rf "$link"  # this clone's previous overlay (or the old layout's symlink); nothing else uses it
   mv -T "$tmp" "$link"
 }
@@ -62,7 +65,7 @@ relink "$engine_dir" "$ROOT/.venv-vllm"
 #   relink "$(build_env libtpu)" "$ROOT/.venv-libtpu"
 if [ $TPU = 1 ]; then relink "$engine_dir" "$CACHE/envs/vllm"; fi  # the engine default interpreter's path
 # SGLang-JAX (rollout.backend.kind: sglang_jax) is optional: without it the vLLM path works.
-if [ $TPU = 0 ] && ! sg_dir=$(build_env sglang_jax 2>"$CACHE/envs/sglang_jax.log"); then
+if [ $TPU = 0 ] && ! build_env sglang_jax >/dev/null 2>"$CACHE/envs/sglang_jax.log"; then
   echo "setup: warning: the optional SGLang-JAX env did not build (log: $CACHE/envs/sglang_jax.log); the vLLM backend is unaffected" >&2
 fi
 
