@@ -20,12 +20,9 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, whichever clone the env was set up from
 
 PROMPTS, SAMPLES, PROMPT_LEN, COMPLETION_LEN = 8, 8, 64, 192
 

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, whichever clone the env was set up from
-
-from orchestration.data import DataConfig, setup_dataset  # noqa: E402
-from rewards import REWARDS, RewardsConfig, Sample, setup_rewards  # noqa: E402
+from orchestration.data import DataConfig, setup_dataset
+from rewards import REWARDS, RewardsConfig, Sample, setup_rewards
 
 COUNTDOWN_TARGET_PER_S = 20_000
 FILLER = "so we need to get closer maybe try multiplying first then subtract the rest and check again".split()

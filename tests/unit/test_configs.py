@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import ConfigError, load_config
+from orchestration.config import ConfigError, RunConfig, leaf_paths, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -38,13 +38,41 @@ def test_overrides_are_typed_and_reach_the_sampling_params():
 def test_unknown_key_suggests_the_right_one():
     with pytest.raises(ConfigError) as err:
         load_config(DEMO, ["train.stpes=3"])
-    assert str(err.value) == "train.stpes: unknown key; did you mean 'steps'?"
+    assert str(err.value) == "train.stpes: unknown key; did you mean train.steps?"
 
 
 def test_unknown_nested_key_suggests_the_right_one():
     with pytest.raises(ConfigError) as err:
         load_config(DEMO, ["rollout.sampling.temprature=0.5"])
-    assert "rollout.sampling.temprature: unknown key; did you mean 'temperature'?" == str(err.value)
+    assert "rollout.sampling.temprature: unknown key; did you mean rollout.sampling.temperature?" == str(err.value)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    # a key in the wrong section: the right leaf is found anywhere in the tree
+    ("learner.lrr=1e-5", "learner.lrr: unknown key; did you mean learner.optimizer.lr?"),
+    # a misspelt section: the leaves written under it are matched
+    ("rolout.sampling.n=4", "rolout: unknown key; did you mean rollout.sampling.n?"),
+    ("learner.optimzer.lr=1e-5", "learner.optimzer: unknown key; did you mean learner.optimizer.lr?"),
+    # a name cut short, inside the engine union
+    ("rollout.backend.gpu_mem=0.3",
+     "rollout.backend.gpu_mem: unknown key; did you mean rollout.backend.gpu_memory_utilization?"),
+    # inside a list of sections
+    ("rewards.terms=[{name: countdown, wieght: 1}]",
+     "rewards.terms.0.wieght: unknown key; did you mean rewards.terms.weight?"),
+    # nothing close: no guess
+    ("zzz=1", "zzz: unknown key"),
+])
+def test_unknown_key_is_matched_against_every_leaf_of_the_tree(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, [override])
+    assert str(err.value) == message
+
+
+def test_leaf_paths_cover_every_section_and_both_engines():
+    leaves = leaf_paths(RunConfig)
+    assert {"learner.optimizer.lr", "rollout.sampling.temperature", "train.steps", "rewards.terms.weight",
+            "rollout.backend.gpu_memory_utilization", "rollout.backend.page_size"} <= set(leaves)
+    assert not any(p.endswith((".optimizer", ".sampling", ".backend")) for p in leaves)  # sections are no leaves
 
 
 def test_bad_value_names_field_value_and_rule():
