@@ -158,3 +158,35 @@ def bytes_per_device(tree) -> int:
         shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
         total += math.prod(shard) * np.dtype(x.dtype).itemsize
     return total
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One compiled step piece, per device: XLA's memory and cost analyses and how often a step runs it."""
+
+    name: str
+    calls: int  # per GRPO step
+    live_bytes: int  # arguments + outputs - aliased + temporaries + code, plus resident state it does not take
+    temp_bytes: int
+    flops: float
+    bytes_accessed: float
+    optimal_seconds: float  # XLA's TPU cost model; 0 when the backend gives none (CPU)
+
+
+def analyse(compiled: dict[str, Any], state: dict[str, Any], geo: Geometry) -> list[Piece]:
+    """Per-device figures of each compiled piece; `live_bytes` adds the resident state the piece leaves alone."""
+    sizes = {k: bytes_per_device(v) for k, v in state.items()}
+    # Between pieces the Learner keeps frozen + LoRA + Adam; the gradient accumulator lives during a mini-batch.
+    absent = {"logprobs": sizes["opt_state"], "accumulate": sizes["opt_state"], "apply": sizes["frozen"]}
+    calls = {"logprobs": geo.rows // geo.micro if geo.off_policy else 0, "accumulate": geo.micro_steps,
+             "apply": geo.updates}
+    pieces = []
+    for name, c in compiled.items():
+        m = c.memory_analysis()
+        cost = c.cost_analysis()
+        cost = (cost[0] if isinstance(cost, list) else cost) or {}
+        live = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+                + m.generated_code_size_in_bytes + absent[name])
+        pieces.append(Piece(name, calls[name], live, m.temp_size_in_bytes, float(cost.get("flops", 0.0)),
+                            float(cost.get("bytes accessed", 0.0)), float(cost.get("optimal_seconds", 0.0))))
+    return pieces
