@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Compile only: never open an accelerator (a TPU VM's chips may be in use by the run itself).
     os.environ["JAX_PLATFORMS"] = "cpu"
+    # libtpu takes /tmp/libtpu_lockfile, so a second preflight, or one beside a TPU run, would abort; we open no TPU.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # A TPU step compiles for many minutes on a small CPU box: keep executables for the next run of the same config.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax_cache" / "preflight"))
     from orchestration.preflight_report import run
 
     return run(cfg, hf_path, args.prompt_tokens, args.compare_dense)

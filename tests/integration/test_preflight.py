@@ -23,7 +23,9 @@ LIBTPU = Path(os.environ.get("AHA_LIBTPU", cache_dir() / "envs" / "libtpu"))
 
 
 def preflight(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # As a user runs it: without conftest's fake CPU devices (a CPU config's mesh takes all devices it sees).
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    full_env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "orchestration.preflight", *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=3000)
 
@@ -54,3 +56,26 @@ def test_missing_libtpu_is_one_line_naming_setup(tmp_path: Path) -> None:
     out = preflight("--config", str(tpu_config), env={"AHA_LIBTPU": str(tmp_path)})
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "scripts/setup_envs.sh" in out.stderr, out.stderr
+
+
+def test_abstract_model_matches_the_learner(tiny_model_dir: Path) -> None:
+    """Shapes, dtypes and shardings of the abstract model and optimizer state equal the real Learner's."""
+    import jax
+    from flax import nnx
+
+    from learner import aot
+    from learner import train_step as ts
+    from learner.config import LearnerConfig, MeshConfig
+    from learner.learner import Learner
+    from learner.model import read_hf_config
+
+    cfg = LearnerConfig(mesh=MeshConfig(axis_sizes=(4, 1)))
+    learner = Learner(cfg, tiny_model_dir)
+    parts, lora, _ = aot.abstract_model(read_hf_config(tiny_model_dir), cfg, learner.mesh)
+    opt_state = aot.abstract_opt_state(ts.make_optimizer(cfg.optimizer), lora, learner.mesh)
+    for real, abstract in [(learner.params, lora), (nnx.to_pure_dict(learner.base_state), nnx.to_pure_dict(parts.base)),
+                           (learner.opt_state, opt_state)]:
+        assert jax.tree.structure(real) == jax.tree.structure(abstract)
+        for r, a in zip(jax.tree.leaves(real), jax.tree.leaves(abstract)):
+            assert (r.shape, r.dtype) == (a.shape, a.dtype)
+            assert r.sharding.is_equivalent_to(a.sharding, r.ndim), (r.shape, r.sharding, a.sharding)
