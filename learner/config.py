@@ -129,6 +129,9 @@ class LearnerConfig(Strict):
     """Mesh over that slice."""
     resources: ResourcesConfig = ResourcesConfig()
     """What Ray reserves for the learner actor."""
+    topology: str = "cpu"
+    """The chips the learner's JAX processes see, as a TPU topology name (e.g. "v5e:2x2": 4 v5e chips; "v5e:2x4":
+    8 chips on 2 hosts), or "cpu". Only `orchestration.preflight` reads it: it compiles the step for it."""
     lora: LoraConfig = LoraConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     grpo: GrpoConfig = GrpoConfig()

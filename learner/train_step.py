@@ -49,7 +49,9 @@ class ModelParts(NamedTuple):
 def merge(parts: ModelParts, lora: dict) -> nnx.Module:
     state = jax.tree.map(lambda x: x, parts.lora_template)
     state.replace_by_pure_dict(lora)
-    return nnx.merge(parts.graphdef, state, parts.base)
+    # Fresh Variables at the current trace level: nnx.remat (learner.remat) writes the block's state back into
+    # the module after the checkpointed call, and Flax refuses to mutate Variables made by an outer trace (jit).
+    return nnx.merge(parts.graphdef, state, jax.tree.map(lambda x: x, parts.base))
 
 
 def zero_b(lora: dict) -> dict:

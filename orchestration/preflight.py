@@ -1,0 +1,86 @@
+"""`python -m orchestration.preflight --config CONFIG [key=value ...]`: will the learner fit its chips?
+
+Compiles the learner's step (logprobs, gradient accumulation over one micro-batch, optimizer update) for the
+config's `learner.topology` on this machine, from the model's config.json only (no weights, no TPU), and prints
+per chip: frozen weights, LoRA + optimizer state, temporaries, the total against the chip's HBM, XLA's FLOPs,
+an estimated step time and an MFU estimate. Exit 0 with a last line `preflight: fits ...` when the total leaves
+>= 10% of HBM free; exit 2 with one line naming the setting to change when it does not.
+
+Sequence length: the longest prompt (`--prompt-tokens`, default 256, at most max_model_len - max_tokens) plus
+rollout.sampling.max_tokens, rounded up to learner.seq_bucket, as the Learner pads a batch.
+TPU topologies need libtpu importable: in the learner env on a TPU VM, or here from the sidecar folder that
+setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu); see `_use_libtpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from orchestration.config import ConfigError, RunConfig, load_config
+from orchestration.prepare_model import cache_dir
+
+REPO = Path(__file__).resolve().parent.parent
+SETUP_HINT = "bash scripts/setup_envs.sh"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestration.preflight", description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=Path, required=True, help="YAML config (see configs/)")
+    p.add_argument("--model-config", type=Path, help="config.json of the model (default: model.path's, else "
+                                                     "configs/models/<model.path's name>/config.json)")
+    p.add_argument("--prompt-tokens", type=int,
+                   help="longest prompt in tokens (default 256; the shipped tasks' prompts are shorter)")
+    p.add_argument("--compare-dense", action="store_true",
+                   help="also compile with learner.logprob_chunk=0 (dense logprobs) and show both")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.remat=true")
+    return p.parse_args(argv)
+
+
+def model_config_path(cfg: RunConfig, given: Path | None) -> Path:
+    """The model's config.json: given, in model.path, or shipped under configs/models/<name>/."""
+    candidates = [given] if given else [cfg.model.resolved_path / "config.json",
+                                         REPO / "configs" / "models" / Path(cfg.model.path).name / "config.json"]
+    for path in candidates:
+        if path.exists():
+            return path
+    raise ConfigError(f"no config.json for model.path {cfg.model.path}: looked in {', '.join(map(str, candidates))}; "
+                      "pass --model-config or add configs/models/<name>/config.json")
+
+
+def _use_libtpu(topology: str | None) -> None:
+    """Make libtpu importable for a TPU topology; raise a one-line error naming setup when it is missing."""
+    if topology in (None, "cpu") or importlib.util.find_spec("libtpu") is not None:
+        return
+    sidecar = Path(os.environ.get("AHA_LIBTPU", cache_dir() / "envs" / "libtpu")).expanduser()
+    if not (sidecar / "libtpu").is_dir():
+        raise ConfigError(f"compiling for learner.topology {topology} needs libtpu, not found in this env nor in "
+                          f"{sidecar}; run `{SETUP_HINT}` (it installs it there) or set AHA_LIBTPU=DIR")
+    sys.path.insert(0, str(sidecar))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        hf_path = model_config_path(cfg, args.model_config)
+        _use_libtpu(cfg.learner.topology)
+    except ConfigError as err:
+        print(f"preflight: {err}", file=sys.stderr)
+        return 2
+    # Compile only: never open an accelerator (a TPU VM's chips may be in use by the run itself).
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    # libtpu takes /tmp/libtpu_lockfile, so a second preflight, or one beside a TPU run, would abort; we open no TPU.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # A TPU step compiles for many minutes on a small CPU box: keep executables for the next run of the same config.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax_cache" / "preflight"))
+    from orchestration.preflight_report import run
+
+    return run(cfg, hf_path, args.prompt_tokens, args.compare_dense)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

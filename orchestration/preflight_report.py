@@ -1,0 +1,119 @@
+"""Preflight's compile and report (imported only after preflight.py has set up JAX for compiling)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from orchestration.config import RunConfig
+
+HEADROOM = 0.10  # HBM that must stay free: runtime, fragmentation, the compiler's own misestimates
+GIB = 1 << 30
+PROMPT_TOKENS = 256
+"""Default longest prompt: the shipped tasks' chat prompts (system + Countdown or math question) stay under it."""
+
+
+def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
+    """Compile the learner's step for `learner_cfg`; returns (mesh, geometry, pieces, state sizes, chip)."""
+    from learner import aot
+    from learner.hbm import chip_for, per_device
+    from learner.loss import Sampling
+    from learner.mesh import learner_mesh
+
+    devices = aot.topology_devices(learner_cfg.topology)
+    mesh = learner_mesh(learner_cfg.devices, learner_cfg.mesh, devices)
+    parts, lora, _ = aot.abstract_model(hf, learner_cfg, mesh)
+    batch = cfg.train.prompts_per_step * cfg.rollout.sampling.n
+    geo = aot.geometry(learner_cfg, batch, max_sequence, mesh.shape["fsdp"])
+    s = cfg.rollout.sampling
+    compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo,
+                                       Sampling(s.temperature, s.top_k, s.top_p, s.min_p))
+    sizes = {k: aot.bytes_per_device(v) for k, v in state.items()}
+    return mesh, geo, aot.analyse(compiled, state, geo), sizes, per_device(chip_for(learner_cfg.topology), devices)
+
+
+def _seconds(piece, chip) -> float:
+    """Roofline bound max(flops / peak, bytes / bandwidth) from XLA's counts; 0 when the chip has no figures.
+
+    Not XLA's `optimal_seconds`: for the accumulate piece it came back negative (-1121 s, v5e, Qwen2.5-1.5B)."""
+    if chip.peak_flops <= 0:
+        return 0.0
+    return max(piece.flops / chip.peak_flops, piece.bytes_accessed / chip.hbm_bandwidth)
+
+
+def _report(label: str, mesh, geo, pieces, sizes, chip) -> dict:
+    """Print the per-chip table for one variant; returns its headline figures."""
+    running = [p for p in pieces if p.calls > 0]
+    peak = max(running, key=lambda p: p.live_bytes)
+    resident = sizes["frozen"] + sizes["lora"] + sizes["opt_state"]
+    total = peak.live_bytes
+    print(f"[{label}] per chip ({chip.name}, {chip.hbm_bytes / GIB:.2f} GiB):")
+    print(f"  frozen weights        {sizes['frozen'] / GIB:8.3f} GiB")
+    print(f"  LoRA + optimizer      {(sizes['lora'] + sizes['opt_state']) / GIB:8.3f} GiB"
+          f"  (LoRA {sizes['lora'] / GIB:.3f}, optimizer {sizes['opt_state'] / GIB:.3f}; "
+          f"+ gradient accumulator {sizes['grad_acc'] / GIB:.3f} during a mini-batch)")
+    print(f"  temporaries           {(total - resident) / GIB:8.3f} GiB  (peak in '{peak.name}': XLA temp "
+          f"{peak.temp_bytes / GIB:.3f} + its inputs/outputs)")
+    print(f"  total                 {total / GIB:8.3f} GiB of {chip.hbm_bytes / GIB:.2f} "
+          f"({100 * total / chip.hbm_bytes:.0f}% used, {100 * (1 - total / chip.hbm_bytes):.0f}% free)")
+    step_s = sum(p.calls * _seconds(p, chip) for p in pieces)
+    flops = sum(p.calls * p.flops for p in pieces)
+    print(f"  {'piece':<11}{'calls/step':>11}{'GFLOP/call':>12}{'est s/call':>12}{'live GiB':>10}")
+    for p in pieces:
+        print(f"  {p.name:<11}{p.calls:>11}{p.flops / 1e9:>12.1f}{_seconds(p, chip):>12.4f}{p.live_bytes / GIB:>10.3f}")
+    mfu = flops / (step_s * chip.peak_flops) if step_s > 0 and chip.peak_flops > 0 else None
+    print(f"  step: XLA FLOPs {flops:.3e} per chip, est. {step_s:.2f} s "
+          + (f"(roofline per piece: max(FLOPs / peak, bytes / HBM bandwidth)), MFU estimate {100 * mfu:.0f}%"
+             if mfu else "(no cost model for CPU)"))
+    return {"total": total, "hbm": chip.hbm_bytes, "data_parallel": mesh.shape["fsdp"], "step_s": step_s, "mfu": mfu,
+            "peak": peak, "geo": geo, "sizes": sizes}
+
+
+def _advice(cfg: RunConfig, fig: dict) -> str:
+    """One line: which setting to change, judged from where the memory goes."""
+    budget = (1 - HEADROOM) * fig["hbm"]
+    lc, geo = cfg.learner, fig["geo"]
+    resident = fig["sizes"]["frozen"] + fig["sizes"]["lora"] + fig["sizes"]["opt_state"] + fig["sizes"]["grad_acc"]
+    need = f"needs {fig['total'] / GIB:.2f} GiB per chip, over {budget / GIB:.2f} (90% of {fig['hbm'] / GIB:.2f})"
+    if resident > 0.5 * budget:
+        return (f"preflight: does not fit: {need}, {resident / GIB:.2f} of it weights and optimizer state; "
+                "shard over more chips: learner.mesh (and a larger learner.topology)")
+    if not lc.remat:
+        return f"preflight: does not fit: {need}; set learner.remat=true (recompute layers in the backward pass)"
+    per_row = (fig["total"] - resident) / geo.micro
+    dp = fig["data_parallel"]  # the Learner rounds micro-batches to a multiple of the data-parallel size
+    fit = int((budget - resident) // per_row) // dp * dp if per_row > 0 else geo.micro
+    if fit >= dp and geo.micro > dp:
+        return (f"preflight: does not fit: {need}; lower learner.grpo.micro_batch_size from {geo.micro} to about "
+                f"{fit} (temporaries scale with it)")
+    return (f"preflight: does not fit: {need} with {geo.micro} sequence(s) of {geo.length} tokens per micro-batch; "
+            "lower rollout.sampling.max_tokens (and rollout.backend.max_model_len)")
+
+
+def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool) -> int:
+    hf = json.loads(hf_path.read_text())
+    s, backend = cfg.rollout.sampling, cfg.rollout.backend
+    prompt_tokens = min(prompt_tokens or PROMPT_TOKENS, backend.max_model_len - s.max_tokens)
+    max_sequence = prompt_tokens + s.max_tokens
+    variants = [("as configured", cfg.learner)]
+    if compare_dense and "logprob_chunk" in type(cfg.learner).model_fields:
+        variants.insert(0, ("dense logprobs", cfg.learner.model_copy(update={"logprob_chunk": 0})))
+    print(f"preflight: learner on {cfg.learner.topology}, model {hf_path.parent.name} ({hf.get('model_type')}) "
+          f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens")
+    figures = None
+    for label, lc in variants:
+        t0 = time.perf_counter()
+        mesh, geo, pieces, sizes, chip = _figures(cfg, lc, hf, max_sequence)
+        print(f"[{label}] mesh {dict(mesh.shape)}; step: {geo.rows} sequences x {geo.length} tokens, micro-batch "
+              f"{geo.micro}, {geo.micro_steps} micro-steps, {geo.updates} update(s), "
+              f"{'off' if geo.off_policy else 'on'}-policy; compiled in {time.perf_counter() - t0:.0f} s")
+        figures = _report(label, mesh, geo, pieces, sizes, chip)
+    if figures["total"] > (1 - HEADROOM) * figures["hbm"]:
+        print(_advice(cfg, figures))
+        return 2
+    step = f", est. step {figures['step_s']:.1f} s" if figures["step_s"] else ""
+    mfu = f", MFU estimate {100 * figures['mfu']:.0f}%" if figures["mfu"] else ""
+    print(f"preflight: fits: {figures['total'] / GIB:.2f} of {figures['hbm'] / GIB:.2f} GiB per chip "
+          f"({100 * (1 - figures['total'] / figures['hbm']):.0f}% free){step}{mfu}")
+    return 0

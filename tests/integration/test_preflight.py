@@ -1,0 +1,81 @@
+"""`python -m orchestration.preflight`: every shipped config compiles its learner step and fits its chips.
+
+Compiles only (no weights, no TPU): the TPU configs compile for their `learner.topology` with libtpu from the
+sidecar folder setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu). Each run is one process, as a user
+runs it; a 1-2B model's step compiles in minutes on 2 busy cores, the 7B one in longer (see README "On TPU").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestration.prepare_model import cache_dir
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+LIBTPU = Path(os.environ.get("AHA_LIBTPU", cache_dir() / "envs" / "libtpu"))
+
+
+def preflight(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    # As a user runs it: without conftest's fake CPU devices (a CPU config's mesh takes all devices it sees).
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    full_env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "orchestration.preflight", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=3000)
+
+
+def is_tpu(config: Path) -> bool:
+    return "_tpu" in config.name
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_shipped_config_fits(config: Path) -> None:
+    if is_tpu(config) and not (LIBTPU / "libtpu").is_dir():
+        pytest.fail(f"libtpu sidecar missing at {LIBTPU}: scripts/setup_envs.sh installs it")
+    out = preflight("--config", str(config))
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0 and lines and lines[-1].startswith("preflight: fits"), out.stdout + out.stderr[-3000:]
+
+
+def test_oversized_micro_batch_names_the_setting() -> None:
+    out = preflight("--config", str(ROOT / "configs" / "countdown_smollm2_cpu.yaml"),
+                    "learner.grpo.micro_batch_size=512", "learner.remat=true")
+    last = out.stdout.strip().splitlines()[-1]
+    assert out.returncode == 2, out.stdout + out.stderr[-3000:]
+    assert last.startswith("preflight: does not fit") and "learner.grpo.micro_batch_size" in last, last
+
+
+def test_missing_libtpu_is_one_line_naming_setup(tmp_path: Path) -> None:
+    tpu_config = next(c for c in CONFIGS if is_tpu(c))
+    out = preflight("--config", str(tpu_config), env={"AHA_LIBTPU": str(tmp_path)})
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "scripts/setup_envs.sh" in out.stderr, out.stderr
+
+
+def test_abstract_model_matches_the_learner(tiny_model_dir: Path) -> None:
+    """Shapes, dtypes and shardings of the abstract model and optimizer state equal the real Learner's."""
+    import jax
+    from flax import nnx
+
+    from learner import aot
+    from learner import train_step as ts
+    from learner.config import LearnerConfig, MeshConfig
+    from learner.learner import Learner
+    from learner.model import read_hf_config
+
+    cfg = LearnerConfig(mesh=MeshConfig(axis_sizes=(4, 1)))
+    learner = Learner(cfg, tiny_model_dir)
+    parts, lora, _ = aot.abstract_model(read_hf_config(tiny_model_dir), cfg, learner.mesh)
+    opt_state = aot.abstract_opt_state(ts.make_optimizer(cfg.optimizer), lora, learner.mesh)
+    for real, abstract in [(learner.params, lora), (nnx.to_pure_dict(learner.base_state), nnx.to_pure_dict(parts.base)),
+                           (learner.opt_state, opt_state)]:
+        assert jax.tree.structure(real) == jax.tree.structure(abstract)
+        for r, a in zip(jax.tree.leaves(real), jax.tree.leaves(abstract)):
+            assert (r.shape, r.dtype) == (a.shape, a.dtype)
+            assert r.sharding.is_equivalent_to(a.sharding, r.ndim), (r.shape, r.sharding, a.sharding)
