@@ -22,7 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rollout.capabilities import check_sampling
 from rollout.config import VllmConfig
+from rollout.engine_config import cli_flags
 from rollout.server_process import DROP_ENV, ServerProcess
 from rollout.types import SamplingParams
 
@@ -62,7 +64,7 @@ class VllmBackend(ServerProcess):
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-loras", str(c.max_loras), "--max-lora-rank", str(c.max_lora_rank),
                     "--max-cpu-loras", str(max(c.max_cpu_loras, c.max_loras))]
-        return cmd + list(c.extra_args)
+        return cmd + cli_flags(c.extra_args)
 
     def environment(self) -> dict[str, str]:
         """The server's environment: ours minus the driver's Python settings, plus the engine's."""
@@ -95,7 +97,11 @@ class VllmBackend(ServerProcess):
     # ---- wire format ---------------------------------------------------------------------------------------
 
     def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
-        """/v1/completions body: prompt as token ids, every sampling field, ids and sampled-token logprobs back."""
+        """/v1/completions body: prompt as token ids, every sampling field, ids and sampled-token logprobs back.
+
+        Raises for a sampling field this platform's engine would silently ignore or reject (rollout/capabilities.py).
+        """
+        check_sampling(self.cfg, params)
         payload = params.to_payload()
         payload.update(model=lora_name or self.cfg.served_model_name, prompt=list(prompt), stream=False,
                        return_token_ids=True)
