@@ -61,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     dump_config(cfg, run_dir / "config.yaml")
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir.resolve())
+    from orchestration.resources import ResourceError
     from orchestration.run import run  # imports Ray, the learner and the engine client
 
-    run(cfg, run_dir)
+    try:
+        run(cfg, run_dir)
+    except ResourceError as err:  # the cluster cannot hold the run: one line, like a config error
+        print(f"resource error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

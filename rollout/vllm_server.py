@@ -73,15 +73,16 @@ class VllmBackend(ServerProcess):
         env.update({
             "HF_HUB_OFFLINE": "1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.kv_cache_space_gb),
             # Ray sets OMP_NUM_THREADS=1 in its workers, which would make a CPU engine single-threaded.
             "OMP_NUM_THREADS": threads,
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
             "AHA_LAUNCHER_PARENT": str(os.getpid()),
         })
-        if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
+        if self.cfg.platform == "cpu":  # vllm-cpu's KV cache size and allocator; GPU/TPU size theirs from memory
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
+            if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
+                env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
         env.update(self.cfg.env)
         return env
 

@@ -109,3 +109,8 @@ def test_swapping_engines_keeps_the_shared_fields():
                                       "max_loras", "max_cpu_loras", "logprobs_mode", "startup_timeout_s"})
     sglang = SglangJaxConfig(**shared)
     assert sglang.platform == "gpu" and sglang.extra_args == {"a": 1} and sglang.tensor_parallel_size == 2
+
+
+def test_cpu_only_engine_settings_stay_off_other_platforms():
+    assert VllmBackend(VllmConfig(platform="cpu"), Path("/x")).environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in VllmBackend(VllmConfig(platform="tpu"), Path("/x")).environment()
