@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-RewardName = Literal["countdown", "math_answer", "format", "repetition"]
+from rewards.catalog import REWARDS, build_reward
 
 
 class Strict(BaseModel):
@@ -20,12 +20,19 @@ class Strict(BaseModel):
 class RewardTerm(Strict):
     """One reward in the weighted sum."""
 
-    name: RewardName
-    """Registered reward (see rewards.registry.REWARDS)."""
+    name: str
+    """A reward of the catalogue (rewards.catalog.REWARDS): countdown, math_answer, format, repetition."""
     weight: float = 1.0
     """Multiplier in the total; the per-reward metrics are logged unweighted."""
     params: dict[str, Any] = {}
     """Keyword arguments of the reward's constructor (e.g. repetition `ngram`/`tiers`, format `think_tag`)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in REWARDS:
+            raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}")
+        return name
 
 
 class RewardsConfig(Strict):
@@ -42,8 +49,6 @@ class RewardsConfig(Strict):
         for name in set(names):
             if names.count(name) > 1:
                 raise ValueError(f"reward {name!r} appears {names.count(name)} times in terms; merge them into one")
-        from rewards.registry import build_term  # registry imports this module
-
         for index, term in enumerate(self.terms):
-            build_term(term, index)
+            build_reward(term.name, term.params, f"rewards.terms[{index}]")
         return self

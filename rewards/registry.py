@@ -14,24 +14,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
+from rewards.catalog import build_reward
 from rewards.config import RewardsConfig, RewardTerm
-from rewards.countdown import CountdownReward
-from rewards.format import FormatReward
-from rewards.math_answer import MathAnswerReward
-from rewards.repetition import RepetitionPenalty
 from rewards.types import RewardFn, Sample
 
 log = logging.getLogger(__name__)
-
-REWARDS: dict[str, type] = {
-    "countdown": CountdownReward,
-    "math_answer": MathAnswerReward,
-    "format": FormatReward,
-    "repetition": RepetitionPenalty,
-}
-
 
 @dataclass
 class RewardResult:
@@ -45,15 +32,6 @@ class RewardResult:
     """One line per (reward, sample) that raised."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall time spent in each reward for this batch (log as `timing/reward_<name>` if wanted)."""
-
-
-def build_term(term: RewardTerm, index: int = 0) -> RewardFn:
-    """The reward a term names, built from its params; bad params -> ValueError naming the term and the field."""
-    try:
-        return REWARDS[term.name](**term.params)
-    except ValidationError as exc:
-        problems = "; ".join(f"params.{'.'.join(map(str, e['loc'])) or '?'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"rewards.terms[{index}] ({term.name}): {problems}") from None
 
 
 class RewardSet:
@@ -96,7 +74,7 @@ class RewardSet:
 
 def setup_rewards(cfg: RewardsConfig) -> RewardSet:
     """Build every term of `cfg`; bad params -> ValueError naming the term and the field."""
-    fns = [build_term(term, index) for index, term in enumerate(cfg.terms)]
+    fns = [build_reward(term.name, term.params, f"rewards.terms[{index}]") for index, term in enumerate(cfg.terms)]
     return RewardSet(fns, [term.weight for term in cfg.terms], cfg.on_error)
 
 

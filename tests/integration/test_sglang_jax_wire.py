@@ -1,7 +1,7 @@
 """SGLang-JAX backend pieces that need no server: config, request validation and translation, response parsing,
 the LoRA merge arithmetic and the model-folder view for transformers 4.55. Fast; runs without the SGLang-JAX env.
 
-The entry program (`rollout/sglang_jax_entry.py`) imports only the standard library at module level, so its pure
+The engine modules (`rollout/sglang_jax_engine/`) import only the standard library at module level, so their pure
 functions are tested here from the learner env.
 """
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rollout import sglang_jax_entry as entry
 from rollout.capabilities import check_sampling
 from rollout.sglang_jax_config import SglangJaxConfig
+from rollout.sglang_jax_engine import lora_merge, patches, wire
 from rollout.sglang_jax_server import SglangJaxBackend
 from rollout.types import SamplingParams
 
@@ -42,14 +42,14 @@ def test_unhonoured_parameters_are_rejected_naming_engine_and_field(update, fiel
     with pytest.raises(ValueError, match=field):
         backend.build_payload([1, 2], params, None)
     # The server refuses them too (a client that bypasses our validation).
-    assert field in entry.unsupported(params.to_payload(), deterministic=False)
+    assert field in wire.unsupported(params.to_payload(), deterministic=False)
 
 
 def test_seed_is_allowed_with_deterministic_sampling():
     params = SamplingParams(seed=3, n=2)
     check_sampling(SglangJaxConfig(deterministic_sampling=True), params)
-    assert entry.unsupported(params.to_payload(), deterministic=True) is None
-    seeds = [entry.sampling_params(params.to_payload(), i)["sampling_seed"] for i in range(2)]
+    assert wire.unsupported(params.to_payload(), deterministic=True) is None
+    seeds = [wire.sampling_params(params.to_payload(), i)["sampling_seed"] for i in range(2)]
     assert seeds == [3, 4], "the n samples of a seeded request must get distinct, reproducible seeds"
 
 
@@ -61,20 +61,20 @@ def test_payload_and_engine_sampling_params():
     payload = backend.build_payload([5, 6, 7], params, "policy-v3")
     assert payload["model"] == "policy-v3" and payload["prompt"] == [5, 6, 7] and payload["n"] == 4
     assert backend.build_payload([5], params, None)["model"] == "base"
-    engine = entry.sampling_params(payload, 0)
+    engine = wire.sampling_params(payload, 0)
     assert engine == {"max_new_tokens": 33, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
                       "presence_penalty": 0.3, "frequency_penalty": 0.2, "min_new_tokens": 3, "stop": ["\n\n"],
                       "stop_token_ids": [2], "ignore_eos": True, "skip_special_tokens": False,
                       "no_stop_trim": False, "n": 1}
     kept = SamplingParams(stop=["</answer>"], extra={"include_stop_str_in_output": True})
-    assert entry.sampling_params(backend.build_payload([5], kept, None), 0)["no_stop_trim"] is True
+    assert wire.sampling_params(backend.build_payload([5], kept, None), 0)["no_stop_trim"] is True
 
 
 def test_unknown_extra_fields_are_rejected_not_dropped():
     params = SamplingParams(extra={"guided_regex": "a+"})
     with pytest.raises(ValueError, match=r"sampling.extra \['guided_regex'\] is not supported by sglang_jax"):
         check_sampling(SglangJaxConfig(), params)
-    assert "guided_regex" in entry.unsupported(params.to_payload(), deterministic=False)
+    assert "guided_regex" in wire.unsupported(params.to_payload(), deterministic=False)
 
 
 def engine_output(ids: list[int], lps: list[float], reason: dict, top: list | None = None) -> dict:
@@ -88,12 +88,12 @@ def engine_output(ids: list[int], lps: list[float], reason: dict, top: list | No
 def test_choice_round_trips_through_parse_choice():
     top = [[(-0.1, 7, None), (-2.5, 9, None)], [(-0.3, 8, None), (-1.5, 7, None)]]
     out = engine_output([7, 8], [-0.1, -0.3], {"type": "stop", "matched": 8}, top)
-    choice = entry.choice(0, out, top_n=2)
+    choice = wire.choice(0, out, top_n=2)
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == 8
     ids, lps, extra = SglangJaxBackend(SglangJaxConfig(), Path("/x")).parse_choice(choice)
     assert ids == [7, 8] and lps == [-0.1, -0.3]
     assert extra["top_logprobs"] == [{"7": -0.1, "9": -2.5}, {"8": -0.3, "7": -1.5}]
-    length = entry.choice(1, engine_output([1], [-0.5], {"type": "length", "length": 1}), top_n=0)
+    length = wire.choice(1, engine_output([1], [-0.5], {"type": "length", "length": 1}), top_n=0)
     assert length["finish_reason"] == "length" and length["logprobs"]["top_logprobs"] is None
 
 
@@ -101,20 +101,20 @@ def test_merged_deltas_scale_and_names():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(4, 16)).astype(np.float32), rng.normal(size=(8, 4)).astype(np.float32)
     name = "base_model.model.model.layers.1.self_attn.q_proj"
-    deltas = entry.merged_deltas({f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
+    deltas = lora_merge.merged_deltas({f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
                                  {"r": 4, "lora_alpha": 8})
     np.testing.assert_allclose(deltas["model.layers.1.self_attn.q_proj.weight"], 2.0 * b @ a, rtol=1e-6)
-    rs = entry.merged_deltas({f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
+    rs = lora_merge.merged_deltas({f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
                              {"r": 4, "lora_alpha": 8, "use_rslora": True})
     np.testing.assert_allclose(rs["model.layers.1.self_attn.q_proj.weight"], 4.0 * b @ a, rtol=1e-6)
     with pytest.raises(ValueError, match="lacks lora_A or lora_B"):
-        entry.merged_deltas({f"{name}.lora_A.weight": a}, {"r": 4})
+        lora_merge.merged_deltas({f"{name}.lora_A.weight": a}, {"r": 4})
     with pytest.raises(ValueError, match="not a PEFT LoRA tensor"):
-        entry.peft_target("model.layers.0.mlp.up_proj.weight")
+        lora_merge.peft_target("model.layers.0.mlp.up_proj.weight")
 
 
 def test_model_view_for_old_transformers(tiny_model_dir, tmp_path):
-    view = entry.compat_model_dir(tiny_model_dir, tmp_path / "view")
+    view = patches.compat_model_dir(tiny_model_dir, tmp_path / "view")
     config = json.loads((view / "config.json").read_text())
     original = json.loads((tiny_model_dir / "config.json").read_text())
     theta = (original.get("rope_parameters") or {}).get("rope_theta", original.get("rope_theta"))
@@ -122,4 +122,4 @@ def test_model_view_for_old_transformers(tiny_model_dir, tmp_path):
     tok = json.loads((view / "tokenizer_config.json").read_text())
     assert tok.get("tokenizer_class") != "TokenizersBackend"
     assert (view / "model.safetensors").resolve() == (tiny_model_dir / "model.safetensors").resolve()
-    assert entry.compat_model_dir(view, tmp_path / "again") == view, "an old-format folder passes through"
+    assert patches.compat_model_dir(view, tmp_path / "again") == view, "an old-format folder passes through"

@@ -1,0 +1,139 @@
+"""The in-process SGLang-JAX engine and the FastAPI app that serves our rollout contract around it.
+
+No `from __future__ import annotations` here: FastAPI reads the route functions' annotations at runtime, and with
+postponed (string) annotations the locally imported `Request` would not resolve, so it became a query field (422).
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rollout.sglang_jax_engine.lora_merge import MergedLora
+from rollout.sglang_jax_engine.patches import apply_cpu_patches
+from rollout.sglang_jax_engine.wire import choice, sampling_params, unsupported
+
+log = logging.getLogger("sglang_jax_entry")
+
+def kv_cache_tokens(model_dir: Path, gib: float, dtype: str) -> int:
+    """Tokens a KV cache of `gib` GiB holds for this model (keys and values of every layer)."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    width = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+    return int(gib * 2**30) // (2 * cfg["num_hidden_layers"] * kv_heads * head_dim * width)
+
+
+# ---- server -----------------------------------------------------------------------------------------------------
+
+def build_engine(args: argparse.Namespace):
+    """The in-process SGLang-JAX engine, with our CPU fixes applied first."""
+    applied = apply_cpu_patches()
+    log.info("sgl_jax CPU patches applied: %s", applied or "none")
+    from sgl_jax.srt.entrypoints.engine import Engine
+
+    kwargs: dict[str, Any] = dict(
+        model_path=str(args.model_dir), device=args.device, dtype=args.dtype, tp_size=args.tp_size,
+        context_length=args.max_model_len, max_total_tokens=args.max_total_tokens,
+        max_running_requests=args.max_running_requests, page_size=args.page_size, random_seed=args.random_seed,
+        enable_deterministic_sampling=args.deterministic_sampling, enable_single_process=True,
+        disable_jax_precompile=not args.precompile, skip_server_warmup=True, log_level="info",
+        served_model_name=args.served_model_name,
+    )
+    if args.device == "cpu":
+        # The default "fa" backend is a Pallas TPU kernel; "native" is the portable jnp path.
+        kwargs.update(attention_backend="native", xla_backend="cpu")
+    # The overlap scheduler hands prefill logprobs on as a list where the logprob bookkeeping asserts a tuple
+    # (0.0.2: AssertionError in add_input_logprob_return_values); the plain scheduler converts them. On a CPU the
+    # overlap of scheduling with compute gains little anyway.
+    kwargs["disable_overlap_schedule"] = True
+    # Prefix (radix) caching would serve prompt states computed with the previous weights after a LoRA merge, and
+    # 0.0.2 cannot flush it (its scheduler has no handler for FlushCacheReqInput, and the tokenizer manager builds
+    # that request without its required request_id). Without it, every request prefills with the live weights.
+    kwargs["disable_radix_cache"] = True
+    kwargs.update(json.loads(args.server_args_json))
+    return Engine(**kwargs)
+
+
+def build_app(engine, args: argparse.Namespace):
+    """The FastAPI app around `engine`."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    app = FastAPI()
+    lora = MergedLora(engine, Path(args.model))
+    state = {"model": args.served_model_name}  # the name of the weights that are live
+    swap_lock = asyncio.Lock()
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        if body.get("model", args.served_model_name) != state["model"]:
+            return error(404, f"model {body.get('model')!r} is not live; the engine serves {state['model']!r} "
+                              "(one merged adapter at a time: load it first)")
+        if (why := unsupported(body, args.deterministic_sampling)) is not None:
+            return error(400, why)
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            return error(400, "prompt must be one non-empty list of token ids")
+        n, top_n = int(body.get("n", 1)), int(body.get("logprobs") or 0)
+        if top_n > args.max_logprobs:
+            return error(400, f"logprobs ({top_n}) exceeds the server's max_logprobs ({args.max_logprobs})")
+        if len(prompt) + int(body.get("max_tokens", 16)) > args.max_model_len:
+            return error(400, f"prompt ({len(prompt)} tokens) + max_tokens exceeds max_model_len "
+                              f"({args.max_model_len})")
+        outs = await engine.async_generate(
+            input_ids=[list(prompt)] * n, sampling_params=[sampling_params(body, i) for i in range(n)],
+            return_logprob=[True] * n, top_logprobs_num=[top_n] * n)
+        outs = outs if isinstance(outs, list) else [outs]
+        choices = [choice(i, o, top_n) for i, o in enumerate(outs)]
+        completion_tokens = sum(len(c["token_ids"]) for c in choices)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": state["model"], "choices": choices,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                          "total_tokens": len(prompt) + completion_tokens}}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return error(400, "load_lora_adapter needs lora_name and lora_path")
+        async with swap_lock:
+            try:
+                seconds = await asyncio.to_thread(lora.load, Path(path))
+            except (ValueError, FileNotFoundError, KeyError) as e:
+                return error(400, f"cannot merge adapter {name!r} from {path}: {e}")
+            state["model"] = name
+        log.info("adapter %s merged and live in %.3f s", name, seconds)
+        return {"status": "ok", "lora_name": name, "merge_s": seconds}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        name = (await request.json()).get("lora_name")
+        async with swap_lock:
+            if name != state["model"]:  # already replaced by a newer version: nothing of it is live
+                return {"status": "ok", "lora_name": name, "live": state["model"]}
+            await asyncio.to_thread(lora.restore_base)
+            state["model"] = args.served_model_name
+        return {"status": "ok", "lora_name": name, "live": state["model"]}
+
+    return app
+
+
+def die_with_parent() -> None:
+    """SIGTERM this server when the process that started it dies (Ray kills actors with SIGKILL)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG

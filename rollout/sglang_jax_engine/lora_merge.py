@@ -1,0 +1,121 @@
+"""A PEFT LoRA adapter merged into the running engine's weights (W = W0 + alpha/r * B @ A, always from W0)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sglang_jax_entry")
+
+def peft_target(name: str) -> tuple[str, str]:
+    """(HF weight name, "A" or "B") of a PEFT tensor name (base_model.model.model.layers.0.mlp.up_proj.lora_A...)."""
+    stem = name.removeprefix("base_model.model.")
+    for part in ("A", "B"):
+        suffix = f".lora_{part}.weight"
+        if stem.endswith(suffix):
+            return stem[: -len(suffix)] + ".weight", part
+    raise ValueError(f"{name} is not a PEFT LoRA tensor (expected ...lora_A.weight / ...lora_B.weight)")
+
+
+def merged_deltas(tensors: dict[str, Any], adapter_config: dict[str, Any]) -> dict[str, Any]:
+    """{HF weight name: scale * B @ A} (HF layout [out, in], float32) of a PEFT adapter."""
+    import numpy as np
+
+    rank = int(adapter_config["r"])
+    alpha = float(adapter_config.get("lora_alpha", rank))
+    scale = alpha / (rank ** 0.5 if adapter_config.get("use_rslora") else rank)
+    pairs: dict[str, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        target, part = peft_target(name)
+        pairs.setdefault(target, {})[part] = np.asarray(tensor, dtype=np.float32)
+    if missing := sorted(t for t, ab in pairs.items() if set(ab) != {"A", "B"}):
+        raise ValueError(f"adapter lacks lora_A or lora_B for {missing[:3]}")
+    return {target: scale * (ab["B"] @ ab["A"]) for target, ab in pairs.items()}
+
+
+class MergedLora:
+    """Swaps base + LoRA weights into the engine's jitted forward (same shapes and shardings: no recompile)."""
+
+    def __init__(self, engine, model_dir: Path):
+        self.runner = engine.scheduler_info["scheduler"].tp_worker.worker.model_runner
+        self.model_dir = model_dir
+        self.model = self.runner.model
+        self.mappings = self._weight_mappings()
+        self.base: dict[str, Any] = {}  # HF name -> base weight (numpy), read once from the checkpoint
+        self.merged: set[str] = set()  # HF names whose live value is not the base weight
+
+    def _weight_mappings(self) -> dict[str, Any]:
+        # Every sgl_jax model class builds its HF-name -> parameter mapping in a `_create_*weight_mappings` method.
+        names = [n for n in dir(self.model) if n.startswith("_create_") and n.endswith("weight_mappings")]
+        if not names:
+            raise RuntimeError(f"{type(self.model).__name__} has no _create_*weight_mappings method; this "
+                               "sglang-jax version is not supported by the LoRA merge")
+        return getattr(self.model, names[0])()
+
+    def _base_weight(self, name: str):
+        if name not in self.base:
+            from safetensors import safe_open
+
+            for file in sorted(self.model_dir.glob("*.safetensors")):
+                with safe_open(str(file), framework="numpy") as f:
+                    if name in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
+                        self.base[name] = f.get_tensor(name).astype("float32")
+                        break
+            else:
+                raise ValueError(f"base weight {name} not found in {self.model_dir}")
+        return self.base[name]
+
+    def load(self, adapter_dir: Path) -> float:
+        """Make base + this adapter live (replacing any previous adapter); return the seconds it took."""
+        from safetensors.numpy import load_file
+
+        t0 = time.perf_counter()
+        config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        deltas = merged_deltas(load_file(str(adapter_dir / "adapter_model.safetensors")), config)
+        if unknown := sorted(set(deltas) - set(self.mappings)):
+            raise ValueError(f"adapter targets weights the engine does not have: {unknown[:3]}")
+        values = {name: self._base_weight(name) + delta for name, delta in deltas.items()}
+        values.update({name: self._base_weight(name) for name in self.merged - set(deltas)})
+        self._assign(values)
+        self.merged = set(deltas)
+        return time.perf_counter() - t0
+
+    def restore_base(self) -> None:
+        """Make the base weights live again."""
+        self._assign({name: self._base_weight(name) for name in self.merged})
+        self.merged = set()
+
+    def _assign(self, values: dict[str, Any]) -> None:
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+        from sgl_jax.srt.utils.weight_utils import WeightLoader
+
+        # The engine's own loader turns an HF weight into the parameter (transpose, padding, sharding), so the new
+        # arrays match the compiled forward exactly.
+        config = self.runner.model_config
+        loader = WeightLoader(self.model, config, self.runner.mesh, dtype=config.dtype)
+        params = nnx.state(self.model)
+        for name, value in values.items():
+            loader._process_and_assign_weight(params, name, jnp.asarray(value), self.mappings[name])
+        nnx.update(self.model, params)
+        leaves = jax.tree_util.tree_leaves(nnx.split(self.model)[1])
+        self._swap_leaves(leaves)
+
+    def _swap_leaves(self, leaves: list) -> None:
+        # sglang-jax 0.0.2 keeps the flattened model state in a closure of `jitted_run_model` (later versions
+        # expose `model_runner.model_state_leaves`); replacing it in place keeps the compiled executables.
+        runner = self.runner
+        if hasattr(runner, "model_state_leaves"):
+            old, put = runner.model_state_leaves, lambda new: setattr(runner, "model_state_leaves", new)
+        else:
+            fn = runner.jitted_run_model
+            cell = fn.__closure__[fn.__code__.co_freevars.index("model_state_leaves")]
+            old, put = cell.cell_contents, lambda new: setattr(cell, "cell_contents", new)
+        if len(old) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(old, leaves)):
+            raise RuntimeError("merged weights do not match the compiled model's parameter shapes; "
+                               "the LoRA merge does not support this model/sglang-jax version")
+        put(leaves)
