@@ -13,6 +13,7 @@ from pathlib import Path
 import ray
 
 from orchestration.config import RayConfig, RunConfig
+from orchestration.resources import check_cluster_fits
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def start_learner(cfg: RunConfig, checkpoint_dir: Path):
     """The learner actor; its model loads in the background while the rollout server starts."""
     from learner.actor import start_learner_actor
 
+    check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
     return start_learner_actor(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
 
 

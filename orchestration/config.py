@@ -18,7 +18,9 @@ from learner.config import LearnerConfig
 from orchestration.data import DataConfig
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
+from rollout.capabilities import OFF, active, engine_caps, logprobs_mode
 from rollout.config import RolloutConfig
+from rollout.types import SamplingParams
 
 
 class Strict(BaseModel):
@@ -75,6 +77,27 @@ class RayConfig(Strict):
     """Logical CPUs of a locally started cluster (None: enough for the actors this config asks for)."""
 
 
+# What the learner applies before its logprobs when they are "processed" (learner/loss.py `Sampling`): temperature,
+# then min-p, top-k, top-p. It reproduces no penalty and no min_tokens masking.
+LEARNER_TRANSFORMS = frozenset({"temperature", "min_p", "top_k", "top_p"})
+
+
+def check_same_transform(backend, sampling: SamplingParams) -> None:
+    """Raise unless the engine's processed logprobs and the learner's apply the same active transforms."""
+    caps = engine_caps(backend)
+    engine = caps.logprob_modes["processed_logprobs"]
+    for name in active(sampling):
+        if name in engine and name not in LEARNER_TRANSFORMS:
+            why = f"{caps.engine} takes its logprobs after {name} and the learner does not reproduce it"
+        elif name in LEARNER_TRANSFORMS and name not in engine:
+            why = f"{caps.engine} takes its logprobs before {name} and the learner after it"
+        else:
+            continue
+        raise ValueError(f"rollout.sampling.{name} ({getattr(sampling, name)}): {why}, so learner.grpo.is_cap "
+                         f"would correct against another distribution; set rollout.sampling.{name}: {OFF[name]} "
+                         "or learner.grpo.is_cap: null")
+
+
 class RunConfig(Strict):
     model: ModelConfig = ModelConfig()
     rollout: RolloutConfig
@@ -105,24 +128,19 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def check_logprob_semantics(self) -> "RunConfig":
-        # The importance correction compares learner and engine logprobs of the same distribution.
-        s = self.rollout.sampling
-        truncated = s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0.0
-        if self.rollout.backend.kind == "sglang_jax" and truncated and self.learner.grpo.is_cap is not None:
-            # SGLang-JAX reports logprobs after temperature but before top-k/top-p/min-p truncation.
-            raise ValueError(
-                "rollout.backend.kind sglang_jax returns logprobs before top_k/top_p/min_p truncation, so the "
-                "importance correction would compare different distributions; use top_k=-1, top_p=1, min_p=0 "
-                "with sglang_jax, or set learner.grpo.is_cap: null"
-            )
-        mode = getattr(self.rollout.backend, "logprobs_mode", None)
-        want = {"processed": "processed_logprobs", "raw": "raw_logprobs"}[self.learner.grpo.engine_logprobs]
-        if mode is not None and mode != want:
-            raise ValueError(
-                f"rollout.backend.logprobs_mode ({mode}) does not match learner.grpo.engine_logprobs "
-                f"({self.learner.grpo.engine_logprobs}); set logprobs_mode: {want}"
-            )
+    def check_engine_logprobs_match_learner(self) -> "RunConfig":
+        # The learner's logprob convention must be the engine's (rollout/capabilities.py says where each engine
+        # takes its logprobs); with the importance correction on, the two must also be of the same distribution.
+        backend, grpo = self.rollout.backend, self.learner.grpo
+        mode = logprobs_mode(backend)
+        want = {"processed": "processed_logprobs", "raw": "raw_logprobs"}[grpo.engine_logprobs]
+        if mode != want:
+            fix = f"set rollout.backend.logprobs_mode: {want}" if engine_caps(backend).fixed_mode is None else \
+                f"set learner.grpo.engine_logprobs: {mode.removesuffix('_logprobs')}"
+            raise ValueError(f"rollout.backend.kind {backend.kind} returns {mode} but learner.grpo.engine_logprobs "
+                             f"is {grpo.engine_logprobs}; {fix}")
+        if grpo.is_cap is not None and mode == "processed_logprobs":
+            check_same_transform(backend, self.rollout.sampling)
         return self
 
     @model_validator(mode="after")
@@ -222,7 +240,8 @@ def format_validation_error(err: ValidationError) -> str:
             continue
         msg = entry["msg"].removeprefix("Value error, ")
         got = f" (got {entry['input']!r})" if entry["type"] != "missing" and not isinstance(entry["input"], dict) else ""
-        lines.append(f"{path}: {msg}{got}" if loc else msg)
+        # A validator's message that already starts with the full key path is not prefixed twice.
+        lines.append(f"{path}: {msg}{got}" if loc and not msg.startswith(f"{path}.") else msg)
     return "\n".join(lines)
 
 

@@ -38,12 +38,12 @@ def serving_backend(cfg: RunConfig, args: argparse.Namespace, adapter_dir: Path 
     backend = cfg.rollout.backend
     if backend.kind != "vllm":
         raise ConfigError(f"serve supports rollout.backend.kind vllm for now (run has {backend.kind})")
-    extra = list(backend.extra_args)
+    extra = dict(backend.extra_args)
     if adapter_dir is not None:
         # Attached at start-up (not via the runtime load endpoint, which an API key would also guard).
-        extra += ["--lora-modules", json.dumps({"name": name, "path": str(adapter_dir), "base_model_name": "base"})]
+        extra["lora_modules"] = json.dumps({"name": name, "path": str(adapter_dir), "base_model_name": "base"})
     if args.api_key:
-        extra += ["--api-key", args.api_key]
+        extra["api_key"] = args.api_key
     return backend.model_copy(update={"host": args.host, "port": args.port, "extra_args": extra})
 
 

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir.resolve())
     from orchestration.loop import LearnerDied
+    from orchestration.resources import ResourceError
     from orchestration.run import run  # imports Ray, the learner and the engine client
 
     try:
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code()
     except LearnerDied:
         return 1
+    except ResourceError as err:  # the cluster cannot hold the run: one line, like a config error
+        print(f"resource error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

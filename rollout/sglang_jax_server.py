@@ -7,7 +7,7 @@ vLLM's API that `rollout.client` speaks. Differences from vLLM that callers can 
 - a LoRA push merges the adapter into the base weights of the running engine (W0 + alpha/r * B @ A, always from
   W0), so exactly one adapter (or the base model) is live; requests for any other name are refused (404);
 - `repetition_penalty` is not applied by the engine, and `seed` only with `deterministic_sampling: true`: requests
-  asking for them are rejected here, before anything is sent, with a one-line error;
+  asking for them are rejected here, before anything is sent, with a one-line error (`rollout/capabilities.py`);
 - logprobs are those of the tempered distribution (after penalties and temperature, before top-k/top-p/min-p);
   with top_k = -1, top_p = 1, min_p = 0 that is vLLM's processed_logprobs.
 """
@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rollout.capabilities import check_sampling
 from rollout.server_process import DROP_ENV, ServerProcess
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.types import SamplingParams
@@ -26,24 +27,6 @@ from rollout.types import SamplingParams
 log = logging.getLogger(__name__)
 
 ENTRY = Path(__file__).with_name("sglang_jax_entry.py")
-ENGINE = "sglang_jax"
-
-
-# `sampling.extra` keys the wrapper maps onto the engine (include_stop_str_in_output -> SGLang's no_stop_trim).
-SUPPORTED_EXTRA = frozenset({"include_stop_str_in_output"})
-
-
-def check_sampling(params: SamplingParams, deterministic: bool) -> None:
-    """Raise a one-line ValueError for a sampling field SGLang-JAX would not honour."""
-    if unknown := sorted(set(params.extra) - SUPPORTED_EXTRA):
-        raise ValueError(f"rollout.backend.kind {ENGINE} does not support sampling.extra {unknown}; "
-                         f"remove them (supported: {sorted(SUPPORTED_EXTRA)})")
-    if params.repetition_penalty != 1.0:
-        raise ValueError(f"rollout.backend.kind {ENGINE} does not apply sampling.repetition_penalty "
-                         f"({params.repetition_penalty}); set it to 1.0 or use presence/frequency_penalty")
-    if params.seed is not None and not deterministic:
-        raise ValueError(f"rollout.backend.kind {ENGINE} ignores sampling.seed ({params.seed}) without "
-                         "deterministic sampling; set rollout.backend.deterministic_sampling: true or seed: null")
 
 
 class SglangJaxBackend(ServerProcess):
@@ -65,7 +48,7 @@ class SglangJaxBackend(ServerProcess):
             # -P: do not put rollout/ on sys.path, where our types.py would shadow the standard library's.
             str(c.interpreter), "-P", str(ENTRY), "--model", str(self.model_path), "--workdir", str(self.workdir),
             "--host", c.host, "--port", str(port), "--served-model-name", c.served_model_name,
-            "--device", c.device, "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
+            "--device", c.platform, "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
             "--max-total-tokens", str(c.max_total_tokens), "--max-running-requests", str(c.max_running_requests),
             "--page-size", str(c.page_size), "--max-logprobs", str(c.max_logprobs),
             "--tp-size", str(c.tensor_parallel_size), "--random-seed", str(c.random_seed),
@@ -89,7 +72,7 @@ class SglangJaxBackend(ServerProcess):
             "OMP_NUM_THREADS": threads,
             "PYTHONUNBUFFERED": "1",
         })
-        if self.cfg.device == "cpu":
+        if self.cfg.platform == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
         env.update(self.cfg.env)
         return env
@@ -106,7 +89,7 @@ class SglangJaxBackend(ServerProcess):
 
     def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
         """/v1/completions body of the wrapper; raises for sampling fields the engine would not honour."""
-        check_sampling(params, self.cfg.deterministic_sampling)
+        check_sampling(self.cfg, params)
         payload = params.to_payload()
         payload.update(model=lora_name or self.cfg.served_model_name, prompt=list(prompt), stream=False)
         return payload

@@ -22,7 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rollout.capabilities import check_sampling
 from rollout.config import VllmConfig
+from rollout.engine_config import cli_flags
 from rollout.server_process import DROP_ENV, ServerProcess
 from rollout.types import SamplingParams
 
@@ -62,7 +64,7 @@ class VllmBackend(ServerProcess):
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-loras", str(c.max_loras), "--max-lora-rank", str(c.max_lora_rank),
                     "--max-cpu-loras", str(max(c.max_cpu_loras, c.max_loras))]
-        return cmd + list(c.extra_args)
+        return cmd + cli_flags(c.extra_args)
 
     def environment(self) -> dict[str, str]:
         """The server's environment: ours minus the driver's Python settings, plus the engine's."""
@@ -71,15 +73,16 @@ class VllmBackend(ServerProcess):
         env.update({
             "HF_HUB_OFFLINE": "1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.kv_cache_space_gb),
             # Ray sets OMP_NUM_THREADS=1 in its workers, which would make a CPU engine single-threaded.
             "OMP_NUM_THREADS": threads,
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
             "AHA_LAUNCHER_PARENT": str(os.getpid()),
         })
-        if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
+        if self.cfg.platform == "cpu":  # vllm-cpu's KV cache size and allocator; GPU/TPU size theirs from memory
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
+            if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
+                env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
         env.update(self.cfg.env)
         return env
 
@@ -95,7 +98,11 @@ class VllmBackend(ServerProcess):
     # ---- wire format ---------------------------------------------------------------------------------------
 
     def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
-        """/v1/completions body: prompt as token ids, every sampling field, ids and sampled-token logprobs back."""
+        """/v1/completions body: prompt as token ids, every sampling field, ids and sampled-token logprobs back.
+
+        Raises for a sampling field this platform's engine would silently ignore or reject (rollout/capabilities.py).
+        """
+        check_sampling(self.cfg, params)
         payload = params.to_payload()
         payload.update(model=lora_name or self.cfg.served_model_name, prompt=list(prompt), stream=False,
                        return_token_ids=True)

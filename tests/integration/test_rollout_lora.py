@@ -136,7 +136,7 @@ def live_group_members(pgid: int) -> list[int]:
 
 
 def test_failed_start_carries_the_log_tail(tiny_model_dir, tmp_path):
-    backend = VllmBackend(VllmConfig(extra_args=["--no-such-flag"], startup_timeout_s=300), tiny_model_dir, tmp_path)
+    backend = VllmBackend(VllmConfig(extra_args={"no_such_flag": True}, startup_timeout_s=300), tiny_model_dir, tmp_path)
     with pytest.raises(RuntimeError, match="exited with code") as info:
         backend.start()
     assert "no-such-flag" in str(info.value), "the error must show the server's own complaint"

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rollout.sglang_jax_engine import lora_merge, patches, wire
+from rollout.capabilities import check_sampling
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.sglang_jax_server import SglangJaxBackend, check_sampling
+from rollout.sglang_jax_engine import lora_merge, patches, wire
+from rollout.sglang_jax_server import SglangJaxBackend
 from rollout.types import SamplingParams
 
 
@@ -34,8 +35,8 @@ def test_config_defaults_and_interpreter(monkeypatch, tmp_path):
                                            ({"seed": 3}, "seed")])
 def test_unhonoured_parameters_are_rejected_naming_engine_and_field(update, field):
     params = SamplingParams(**update)
-    with pytest.raises(ValueError, match=f"sglang_jax .*sampling.{field}") as info:
-        check_sampling(params, deterministic=False)
+    with pytest.raises(ValueError, match=f"sampling.{field} .*sglang_jax") as info:
+        check_sampling(SglangJaxConfig(), params)
     assert "\n" not in str(info.value)
     backend = SglangJaxBackend(SglangJaxConfig(), Path("/nonexistent"))
     with pytest.raises(ValueError, match=field):
@@ -46,7 +47,7 @@ def test_unhonoured_parameters_are_rejected_naming_engine_and_field(update, fiel
 
 def test_seed_is_allowed_with_deterministic_sampling():
     params = SamplingParams(seed=3, n=2)
-    check_sampling(params, deterministic=True)
+    check_sampling(SglangJaxConfig(deterministic_sampling=True), params)
     assert wire.unsupported(params.to_payload(), deterministic=True) is None
     seeds = [wire.sampling_params(params.to_payload(), i)["sampling_seed"] for i in range(2)]
     assert seeds == [3, 4], "the n samples of a seeded request must get distinct, reproducible seeds"
@@ -71,8 +72,8 @@ def test_payload_and_engine_sampling_params():
 
 def test_unknown_extra_fields_are_rejected_not_dropped():
     params = SamplingParams(extra={"guided_regex": "a+"})
-    with pytest.raises(ValueError, match=r"sglang_jax does not support sampling.extra \['guided_regex'\]"):
-        check_sampling(params, deterministic=False)
+    with pytest.raises(ValueError, match=r"sampling.extra \['guided_regex'\] is not supported by sglang_jax"):
+        check_sampling(SglangJaxConfig(), params)
     assert "guided_regex" in wire.unsupported(params.to_payload(), deterministic=False)
 
 

@@ -109,7 +109,7 @@ def test_engine_is_one_key_and_its_limits_are_checked_at_load():
     cfg = load_config(DEMO, ["rollout.backend.kind=sglang_jax"])
     assert cfg.rollout.backend.kind == "sglang_jax"
     assert cfg.rollout.sampling == load_config(DEMO).rollout.sampling, "switching engines changed the sampling"
-    with pytest.raises(ConfigError, match="sglang_jax returns logprobs before top_k"):
+    with pytest.raises(ConfigError, match=r"rollout.sampling.top_p \(0.9\): sglang_jax .* takes its logprobs before top_p"):
         load_config(DEMO, ["rollout.backend.kind=sglang_jax", "rollout.sampling.top_p=0.9"])
 
 

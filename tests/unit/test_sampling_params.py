@@ -108,14 +108,14 @@ def test_vllm_payload_and_choice_parsing(tmp_path):
 def test_server_command_and_env_pin_the_engine_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what a Ray worker has
     monkeypatch.setenv("PYTHONPATH", "/somewhere/py312")
-    cfg = VllmConfig(python="/x/python", cpu_threads=2, env={"FOO": "bar"}, extra_args=["--seed", "1"])
+    cfg = VllmConfig(python="/x/python", cpu_threads=2, env={"FOO": "bar"}, extra_args={"seed": 1, "enforce_eager": True, "enable_prefix_caching": False})
     backend = setup_backend(cfg, tmp_path)
     cmd = backend.command(port=1234)
     assert cmd[0] == "/x/python" and cmd[cmd.index("-m") + 1] == "vllm.entrypoints.openai.api_server"
     for flag, value in [("--dtype", "float32"), ("--logprobs-mode", "processed_logprobs"), ("--port", "1234"),
                         ("--host", "127.0.0.1"), ("--generation-config", "vllm")]:
         assert cmd[cmd.index(flag) + 1] == value, flag
-    assert "--enable-lora" in cmd and cmd[-2:] == ["--seed", "1"]
+    assert "--enable-lora" in cmd and cmd[-4:] == ["--seed", "1", "--enforce-eager", "--no-enable-prefix-caching"]
     env = backend.environment()
     assert env["OMP_NUM_THREADS"] == "2" and env["FOO"] == "bar" and "PYTHONPATH" not in env
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HUB_OFFLINE"] == "1"

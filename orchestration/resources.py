@@ -1,0 +1,63 @@
+"""Fail in seconds when the Ray cluster cannot hold the run's actors, instead of waiting forever.
+
+Ray queues an actor whose resources no node has and its autoscaler prints "No available node types can fulfill
+resource request" every 35 s; the run never ends. Before any actor starts, `check_cluster_fits` compares what the
+learner and the engine ask for (their `resources` sub-configs) with the cluster's alive nodes: the sums against
+the cluster's totals, and each actor against the largest node (an actor's resources must all be on one node).
+It checks the nodes there are now: a cluster that would autoscale new nodes in is refused too.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from orchestration.config import RunConfig
+
+# Ray resource name -> the key of `learner.resources` / `rollout.resources` that asks for it.
+KEYS = {"CPU": "num_cpus", "GPU": "num_gpus", "TPU": "tpu"}
+ACTORS = {"learner": "learner", "engine": "rollout"}  # name in messages -> config section
+WHERE = {"CPU": "give the cluster more CPUs (ray.num_cpus for a local one)", "GPU": "run on a Ray node with GPUs",
+         "TPU": "run on a TPU VM (its Ray node reports the chips as TPU)"}
+
+
+class ResourceError(RuntimeError):
+    """The cluster cannot hold the run's actors; the message is one line naming what is missing and the fix."""
+
+
+def demands(cfg: RunConfig) -> dict[str, dict[str, float]]:
+    """What each actor asks Ray for, by Ray resource name (zeros left out)."""
+    out = {}
+    for actor, section in ACTORS.items():
+        r = getattr(cfg, section).resources
+        out[actor] = {name: float(getattr(r, key)) for name, key in KEYS.items() if getattr(r, key) > 0}
+    return out
+
+
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def shortfall(asks: dict[str, dict[str, float]], nodes: list[dict[str, float]]) -> str | None:
+    """Why `asks` cannot be placed on `nodes` (each an alive node's resources), as one line; None if it fits."""
+    for name in KEYS:
+        total = sum(a.get(name, 0.0) for a in asks.values())
+        have = sum(n.get(name, 0.0) for n in nodes)
+        if total > have:
+            parts = [f"{actor} {name}: {_n(a[name])}" for actor, a in asks.items() if a.get(name)]
+            who = parts[0].replace(" ", " asks ", 1) + "".join(f" and the {p}" for p in parts[1:])
+            keys = " and ".join(f"{ACTORS[actor]}.resources.{KEYS[name]}" for actor, a in asks.items() if a.get(name))
+            return f"{who}; this cluster has {name}: {_n(have)}; {WHERE[name]}, or lower {keys}"
+    for actor, a in asks.items():
+        for name, amount in a.items():
+            largest = max((n.get(name, 0.0) for n in nodes), default=0.0)
+            if amount > largest:
+                return (f"the {actor} asks {name}: {_n(amount)} on one node, but the largest node has {name}: "
+                        f"{_n(largest)}; lower {ACTORS[actor]}.resources.{KEYS[name]} to {_n(largest)} or less")
+    return None
+
+
+def check_cluster_fits(cfg: RunConfig) -> None:
+    """Raise ResourceError (one line) when the connected Ray cluster cannot hold the learner and the engine."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if why := shortfall(demands(cfg), nodes):
+        raise ResourceError(why)

