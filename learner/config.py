@@ -120,7 +120,10 @@ class LearnerConfig(Strict):
     mesh: MeshConfig = MeshConfig()
     """Mesh over that slice."""
     resources: ResourcesConfig = ResourcesConfig()
-    """What Ray reserves for the learner actor."""
+    """What Ray reserves for each learner actor (one per host)."""
+    hosts: int = Field(1, ge=1)
+    """Learner processes, one Ray actor per host of the learner's slice, joined by `jax.distributed` into one mesh
+    (multi-controller SPMD); each gets `resources`. 1 = a single process (no jax.distributed)."""
     lora: LoraConfig = LoraConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     grpo: GrpoConfig = GrpoConfig()
