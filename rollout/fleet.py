@@ -23,18 +23,30 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 
+from rollout.client import ServerUnavailable
 from rollout.config import RolloutConfig
 from rollout.handle import Rollout
 from rollout.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 600
+
+
+def is_replica_failure(err: BaseException) -> bool:
+    """The replica failed, not the request: its server stayed unreachable after the handle's own restart and
+    retries, its actor died, or its actor failed a call for a reason other than a bad argument (ValueError). Anything
+    else (a request the engine rejects, bad input) is the caller's error and must propagate, not cause a rebuild."""
+    if isinstance(err, (ServerUnavailable, ray.exceptions.RayActorError)):
+        return True
+    return isinstance(err, ray.exceptions.RayTaskError) and not isinstance(err.cause, ValueError)
 
 
 @dataclass
@@ -61,7 +73,10 @@ class RolloutFleet:
         self.model_path = Path(model_path)
         self.n = replicas or cfg.replicas
         self.events: list[str] = []
-        """What happened to any replica besides normal work (restarts and why), oldest first."""
+        """What happened to any replica besides normal work (restarts and why), oldest first. Published at the end
+        of each generate(), so one that happened during a push or a background rebuild is counted with the next
+        step's generation (the loop counts the events appearing during generate)."""
+        self._unpublished: list[str] = []
         self.version: int | None = None
         self._adapter: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None  # the current version's tensors
         self._placement = placement  # a placement group with one bundle per replica, or None
@@ -92,6 +107,11 @@ class RolloutFleet:
         return ",".join(urls)
 
     @property
+    def actor(self):
+        """The first replica's RolloutServer actor (for tools and fault hooks that address one server)."""
+        return self.replicas[0].rollout.actor
+
+    @property
     def base_url(self) -> str:
         """The first live replica's URL (for tools that talk to one server)."""
         return next(r.rollout.base_url for r in self.replicas if r.live)
@@ -118,27 +138,40 @@ class RolloutFleet:
         self.stop()
 
     # ---- data plane ------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[list[Completion]]:
-        """n completions per prompt with the current adapter; groups spread by least outstanding requests."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
+                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
+        """n completions per prompt with the current adapter; groups spread by least outstanding requests.
+
+        `seeds` (one per prompt) and `on_sent` (called once, as the first group goes out) are passed on as
+        `Rollout.generate` takes them, so a group draws the same samples whichever replica serves it.
+        """
         params = params or self.cfg.sampling
         if not prompts:
             raise ValueError("generate() needs a non-empty list of non-empty token-id prompts")
-        futures = [self._pool.submit(self._generate_group, p, params) for p in prompts]
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"generate() got {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
+        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i])
+                   for i, p in enumerate(prompts)]
+        if on_sent is not None:
+            on_sent()
         try:
             return [f.result() for f in futures]
         finally:
             self._collect_events()
 
-    def _generate_group(self, prompt: list[int], params: SamplingParams) -> list[Completion]:
+    def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None) -> list[Completion]:
         """One group on the least-loaded live replica; on failure, take that replica out and try another."""
         tried: set[int] = set()
+        kwargs = {} if seed is None else {"seeds": [seed]}
         while True:
             replica = self._acquire(tried)
             t0 = time.perf_counter()
             try:
-                [group] = replica.rollout.generate([prompt], params)
-            except Exception as err:  # noqa: BLE001 - any failure of one replica moves the group to another
+                [group] = replica.rollout.generate([prompt], params, **kwargs)
+            except Exception as err:
                 self._release(replica, None, 0.0)
+                if not is_replica_failure(err):
+                    raise
                 tried.add(replica.index)
                 self._take_out(replica, f"generate failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
                 continue
@@ -154,8 +187,9 @@ class RolloutFleet:
                     replica.outstanding += 1
                     return replica
                 if not any(r.rebuild is not None and not r.rebuild.done() for r in self.replicas):
+                    recent = (self.events + self._unpublished)[-3:]
                     raise RuntimeError(f"every rollout replica failed this request ({len(self.replicas)} tried, "
-                                       f"events: {self.events[-3:]}); see the replicas' server logs")
+                                       f"events: {recent}); see the replicas' server logs")
                 tried.clear()  # every live one failed it: wait for a rebuilt replica and try again
                 self._idle.wait(timeout=5.0)
 
@@ -178,11 +212,13 @@ class RolloutFleet:
             live = [r for r in self.replicas if r.live]
         futures = {self._control.submit(r.rollout.push_lora, version, tensors, adapter_config): r for r in live}
         for future, replica in futures.items():
-            if future.exception() is not None:
-                self._take_out(replica, f"push of adapter v{version} failed ({type(future.exception()).__name__})")
+            err = future.exception()
+            if err is not None and not is_replica_failure(err):
+                raise err
+            if err is not None:
+                self._take_out(replica, f"push of adapter v{version} failed ({type(err).__name__})")
         if not any(r.live for r in self.replicas):
             self._wait_for_rebuilds()
-        self._collect_events()
         return time.perf_counter() - t0
 
     def _take_out(self, replica: Replica, why: str) -> None:
@@ -247,18 +283,20 @@ def setup_rollout(cfg: RolloutConfig, model_path: Path) -> Rollout | RolloutFlee
         except ray.exceptions.GetTimeoutError:
             ray.util.remove_placement_group(placement)
             raise RuntimeError(f"rollout.replicas={cfg.replicas} needs {cfg.replicas} distinct Ray nodes each with "
-                               f"{bundle}, not found in {PLACEMENT_TIMEOUT_S} s (cluster: {ray.cluster_resources()});"
-                               " start Ray on every engine host or lower rollout.replicas / rollout.resources") from None
+                               f"{bundle}, not found in {PLACEMENT_TIMEOUT_S} s (cluster: {ray.cluster_resources()}); "
+                               "start Ray on every engine host or lower rollout.replicas / rollout.resources") from None
     return RolloutFleet(cfg, model_path, placement=placement)
 
     # ---- events and metrics ----------------------------------------------------------------------------------
     def _record(self, event: str) -> None:
         log.warning("%s", event)
-        self.events.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}")
+        self._unpublished.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}")
 
     def _collect_events(self) -> None:
-        """Bring the replicas' own events (an engine restarted inside its handle) into the fleet's list."""
+        """Publish the fleet's events and the replicas' own (an engine restarted inside its handle)."""
         with self._lock:
+            self.events.extend(self._unpublished)
+            self._unpublished.clear()
             for r in self.replicas:
                 new = r.rollout.events[r.seen_events:]
                 r.seen_events += len(new)
