@@ -33,6 +33,7 @@ from learner.config import LearnerConfig
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 600
+DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
 METHODS = ("step", "lora_tensors", "export_lora", "export_merged", "save", "restore", "devices")
 
 
@@ -48,17 +49,33 @@ def _collect(method: str, refs: list, actors: list) -> Any:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(done[0])
-        except ray.exceptions.RayActorError as err:
-            index = refs.index(done[0])
+        except BaseException as err:
+            # A dead member's peers may fail first (a collective's connection reset) or block forever: find the dead
+            # one before killing the rest, so the error names the cause, not a symptom.
+            died = isinstance(err, ray.exceptions.RayActorError)
+            dead = [refs.index(done[0])] if died else _dead_members(refs)
             _kill(actors)
-            raise LearnerProcessLost(
-                f"learner process {index} of {len(refs)} died during {method} ({type(err).__name__}): "
-                "multi-controller JAX cannot go on without every process, so the learner stopped; "
-                "resume the run from its last checkpoint with --resume RUN_DIR") from None
-        except BaseException:
-            _kill(actors)  # the others may be blocked in a collective waiting for this one
+            if dead:
+                raise LearnerProcessLost(
+                    f"learner process {dead[0]} of {len(refs)} died during {method}: multi-controller JAX cannot go "
+                    "on without every process, so the learner stopped; resume the run from its last checkpoint "
+                    "with --resume RUN_DIR") from None
             raise
     return ray.get(refs[0])
+
+
+def _dead_members(refs: list, timeout_s: float = DEATH_NOTICE_S) -> list[int]:
+    """Indices of members whose call ended because their process died (waits briefly for Ray to notice)."""
+    done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    dead = []
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:
+            dead.append(refs.index(ref))
+        except Exception:  # noqa: BLE001 - a member that failed otherwise is alive; only deaths are sought here
+            pass
+    return sorted(dead)
 
 
 def _kill(actors: list) -> None:
