@@ -17,26 +17,62 @@ from learner.config import LearnerConfig
 
 
 class LearnerWorker:
-    """The actor body: builds the Learner in the actor process (JAX is imported there, not in the driver)."""
+    """The actor body: builds the Learner in the actor process (JAX is imported there, not in the driver).
 
-    def __init__(self, cfg: LearnerConfig, model_path: str, checkpoint_dir: str | None = None):
+    With `num_processes > 1` it is one process of a multi-host learner (learner/group.py): the Learner is built
+    only in `join`, after `jax.distributed.initialize`, since JAX must know all processes before its first device
+    use. Every process runs every method (SPMD); what leaves the group (tensors, files) comes from process 0.
+    """
+
+    def __init__(self, cfg: LearnerConfig, model_path: str, checkpoint_dir: str | None = None,
+                 num_processes: int = 1):
         import logging
 
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        self._args = (cfg, Path(model_path), Path(checkpoint_dir) if checkpoint_dir else None)
+        self.learner = None
+        if num_processes == 1:
+            self._build()
+
+    def _build(self) -> None:
         from learner.learner import Learner
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        self.learner = Learner(cfg, Path(model_path), Path(checkpoint_dir) if checkpoint_dir else None)
+        self.learner = Learner(*self._args)
+
+    def coordinator_address(self) -> str:
+        """host:port for jax.distributed's coordinator, on this actor's node (called on process 0 only)."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, coordinator: str, num_processes: int, process_id: int) -> None:
+        """Join the learner's JAX processes, then build the Learner on the global mesh."""
+        from learner.distributed import initialize
+
+        initialize(coordinator, num_processes, process_id)
+        self._build()
 
     def step(self, batch) -> dict[str, float]:
         return self.learner.step(batch)
 
-    def lora_tensors(self) -> tuple[dict, dict]:
-        return self.learner.lora_tensors()
+    def lora_tensors(self) -> tuple[dict, dict] | None:
+        """The PEFT tensors from process 0; None from the others (they only take part in the gather)."""
+        out = self.learner.lora_tensors()
+        return out if _primary() else None
 
     def export_lora(self, out_dir: str) -> str:
+        if not _primary():  # the gather is collective; one process writes
+            self.learner.lora_tensors()
+            return str(out_dir)
         return str(self.learner.export_lora(Path(out_dir)))
 
     def export_merged(self, out_dir: str) -> str:
+        if not _primary():
+            self.learner.lora_tensors()
+            return str(out_dir)
         return str(self.learner.export_merged(Path(out_dir)))
 
     def save(self, step: int, extra: dict | None = None) -> None:
@@ -50,12 +86,22 @@ class LearnerWorker:
         return [str(d) for d in self.learner.mesh.devices.flat]
 
 
+def _primary() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
 LearnerActor = ray.remote(LearnerWorker)
 
 
 def start_learner_actor(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None,
-                        runtime_env: dict[str, Any] | None = None, name: str | None = None):
-    """Start a LearnerActor with the config's resources; `runtime_env` carries platform settings (e.g. XLA_FLAGS)."""
+                        runtime_env: dict[str, Any] | None = None, name: str | None = None,
+                        num_processes: int = 1, scheduling_strategy: Any = None):
+    """Start a LearnerActor with the config's resources; `runtime_env` carries platform settings (e.g. XLA_FLAGS).
+
+    `num_processes > 1`: one process of a multi-host learner, built when `join` is called (learner/group.py).
+    """
     r = cfg.resources
     options: dict[str, Any] = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
     if r.tpu:
@@ -64,4 +110,7 @@ def start_learner_actor(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Pa
         options["runtime_env"] = runtime_env
     if name:
         options["name"] = name
-    return LearnerActor.options(**options).remote(cfg, str(model_path), str(checkpoint_dir) if checkpoint_dir else None)
+    if scheduling_strategy is not None:
+        options["scheduling_strategy"] = scheduling_strategy
+    return LearnerActor.options(**options).remote(cfg, str(model_path), str(checkpoint_dir) if checkpoint_dir else None,
+                                                  num_processes)

@@ -128,7 +128,10 @@ class LearnerConfig(Strict):
     mesh: MeshConfig = MeshConfig()
     """Mesh over that slice."""
     resources: ResourcesConfig = ResourcesConfig()
-    """What Ray reserves for the learner actor."""
+    """What Ray reserves for each learner actor (one per host)."""
+    hosts: int = Field(1, ge=1)
+    """Learner processes, one Ray actor per host of the learner's slice, joined by `jax.distributed` into one mesh
+    (multi-controller SPMD); each gets `resources`. 1 = a single process (no jax.distributed)."""
     topology: str = "cpu"
     """The chips the learner's JAX processes see, as a TPU topology name (e.g. "v5e:2x2": 4 v5e chips; "v5e:2x4":
     8 chips on 2 hosts), or "cpu". Only `orchestration.preflight` reads it: it compiles the step for it."""

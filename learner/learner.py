@@ -27,6 +27,7 @@ from learner import train_step as ts
 from learner.batch import PackedBatch, TrainBatch, pack, slice_rows
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
+from learner.distributed import put_global, to_host, tree_to_host
 from learner.lora import adapter_config, apply_lora, peft_tensors, write_merged, write_peft
 from learner.loss import LossOptions, grpo_advantages, token_weights
 from learner.mesh import learner_mesh
@@ -114,7 +115,7 @@ class Learner:
     def _put(self, packed: PackedBatch, rows: slice, weights: np.ndarray) -> ts.MicroBatch:
         p = slice_rows(packed, rows)
         arrays = (p.tokens, p.targets, p.valid, p.loss_mask, p.engine_logprobs, p.advantages, weights, p.window)
-        return ts.MicroBatch(*(jax.device_put(a, self._batch_sharding) for a in arrays))
+        return ts.MicroBatch(*(put_global(a, self._batch_sharding) for a in arrays))
 
     def _old_logprobs(self, logprob_fn, packed: PackedBatch, micro: int) -> tuple[np.ndarray, np.ndarray]:
         """Pre-update logprobs (sampling transform, and the engine's convention) for every row."""
@@ -123,8 +124,8 @@ class Learner:
         for lo in range(0, len(packed.tokens), micro):
             rows = slice(lo, lo + micro)
             logp, raw = logprob_fn(self.params, self._parts.base, self._put(packed, rows, zeros[rows]))
-            logps.append(np.asarray(logp))
-            cmps.append(np.asarray(raw if raw is not None else logp))
+            logps.append(to_host(logp))
+            cmps.append(to_host(raw if raw is not None else logp))
         return np.concatenate(logps), np.concatenate(cmps)
 
     def _update(self, accumulate, packed, old, rows: slice, micro: int, totals: dict) -> tuple[float, float]:
@@ -136,7 +137,7 @@ class Learner:
             r = slice(rows.start + lo, rows.start + lo + micro)
             mb = self._put(packed, r, weights[lo : lo + micro])
             old_logp, old_cmp = (None, None) if old is None else (
-                jax.device_put(old[0][r], self._batch_sharding), jax.device_put(old[1][r], self._batch_sharding))
+                put_global(old[0][r], self._batch_sharding), put_global(old[1][r], self._batch_sharding))
             acc, mb_loss, sums = accumulate(self.params, self._parts.base, acc, mb, old_logp, old_cmp)
             loss += float(mb_loss)
             for k, v in sums.items():
@@ -177,7 +178,9 @@ class Learner:
     # ---- adapter out ---------------------------------------------------------------------------------------
     def lora_tensors(self) -> tuple[dict[str, np.ndarray], dict]:
         """LoRA weights as numpy arrays with PEFT names ([r, in] / [out, r]) and the adapter_config dict."""
-        return peft_tensors(self.params, self.cfg.lora.rank), adapter_config(self.cfg.lora, str(self.model_path))
+        # The weights are sharded over the mesh, which may span processes: gathering them is then a collective.
+        tensors = peft_tensors(tree_to_host(self.params), self.cfg.lora.rank)
+        return tensors, adapter_config(self.cfg.lora, str(self.model_path))
 
     def export_lora(self, out_dir: Path) -> Path:
         """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load."""

@@ -31,7 +31,7 @@ def connect(cfg: RunConfig) -> bool:
         return False
     # address="local" always starts a new cluster: a bare ray.init() would silently attach to any cluster already
     # running on this machine without shipping our code to it.
-    needed = cfg.rollout.resources.num_cpus + cfg.learner.resources.num_cpus
+    needed = cfg.rollout.resources.num_cpus * cfg.rollout.replicas + cfg.learner.resources.num_cpus * cfg.learner.hosts
     num_cpus = ray_cfg.num_cpus or max(int(needed) + 1, os.cpu_count() or 1)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
     log.info("started a local Ray cluster (%d logical CPUs)", num_cpus)
@@ -39,18 +39,21 @@ def connect(cfg: RunConfig) -> bool:
 
 
 def start_learner(cfg: RunConfig, checkpoint_dir: Path):
-    """The learner actor; its model loads in the background while the rollout server starts."""
-    from learner.actor import start_learner_actor
+    """The learner actor (or, with learner.hosts > 1, the group of learner processes behind one handle); its model
+    loads in the background while the rollout server starts."""
+    from learner.group import start_learner
 
     check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
-    return start_learner_actor(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
+    return start_learner(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
 
 
 def start_rollout(cfg: RunConfig):
-    """The rollout server behind its Ray actor; blocks until the engine answers /health."""
-    from rollout.handle import Rollout
+    """The rollout server behind its Ray actor (or rollout.replicas of them behind one fleet handle); blocks until
+    every engine answers /health."""
+    from rollout.fleet import setup_rollout
 
-    rollout = Rollout(cfg.rollout, cfg.model.resolved_path)
+    rollout = setup_rollout(cfg.rollout, cfg.model.resolved_path)
     base_url = rollout.start()
-    log.info("rollout server (%s) ready at %s", cfg.rollout.backend.kind, base_url)
+    log.info("rollout server (%s, %d replica(s)) ready at %s", cfg.rollout.backend.kind, cfg.rollout.replicas,
+             base_url)
     return rollout

@@ -16,6 +16,7 @@ from orchestration.config import RunConfig
 # Ray resource name -> the key of `learner.resources` / `rollout.resources` that asks for it.
 KEYS = {"CPU": "num_cpus", "GPU": "num_gpus", "TPU": "tpu"}
 ACTORS = {"learner": "learner", "engine": "rollout"}  # name in messages -> config section
+COUNTS = {"learner": ("hosts", "host"), "engine": ("replicas", "replica")}  # how many actors of each, and its unit
 WHERE = {"CPU": "give the cluster more CPUs (ray.num_cpus for a local one)", "GPU": "run on a Ray node with GPUs",
          "TPU": "run on a TPU VM (its Ray node reports the chips as TPU)"}
 
@@ -25,7 +26,7 @@ class ResourceError(RuntimeError):
 
 
 def demands(cfg: RunConfig) -> dict[str, dict[str, float]]:
-    """What each actor asks Ray for, by Ray resource name (zeros left out)."""
+    """What each actor asks Ray for, by Ray resource name (zeros left out): one learner host, one engine replica."""
     out = {}
     for actor, section in ACTORS.items():
         r = getattr(cfg, section).resources
@@ -33,17 +34,25 @@ def demands(cfg: RunConfig) -> dict[str, dict[str, float]]:
     return out
 
 
+def counts(cfg: RunConfig) -> dict[str, int]:
+    """How many actors of each kind the run starts (learner.hosts, rollout.replicas)."""
+    return {actor: int(getattr(getattr(cfg, ACTORS[actor]), COUNTS[actor][0])) for actor in ACTORS}
+
+
 def _n(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def shortfall(asks: dict[str, dict[str, float]], nodes: list[dict[str, float]]) -> str | None:
-    """Why `asks` cannot be placed on `nodes` (each an alive node's resources), as one line; None if it fits."""
+def shortfall(asks: dict[str, dict[str, float]], nodes: list[dict[str, float]],
+              n_actors: dict[str, int] | None = None) -> str | None:
+    """Why `asks` (per actor, `n_actors` of each) cannot be placed on `nodes` (alive nodes' resources); None if it fits."""
+    n_actors = n_actors or {}
+    times = lambda actor: (f" x {n_actors[actor]} {COUNTS[actor][0]}" if n_actors.get(actor, 1) > 1 else "")
     for name in KEYS:
-        total = sum(a.get(name, 0.0) for a in asks.values())
+        total = sum(a.get(name, 0.0) * n_actors.get(actor, 1) for actor, a in asks.items())
         have = sum(n.get(name, 0.0) for n in nodes)
         if total > have:
-            parts = [f"{actor} {name}: {_n(a[name])}" for actor, a in asks.items() if a.get(name)]
+            parts = [f"{actor} {name}: {_n(a[name])}{times(actor)}" for actor, a in asks.items() if a.get(name)]
             who = parts[0].replace(" ", " asks ", 1) + "".join(f" and the {p}" for p in parts[1:])
             keys = " and ".join(f"{ACTORS[actor]}.resources.{KEYS[name]}" for actor, a in asks.items() if a.get(name))
             return f"{who}; this cluster has {name}: {_n(have)}; {WHERE[name]}, or lower {keys}"
@@ -59,5 +68,5 @@ def shortfall(asks: dict[str, dict[str, float]], nodes: list[dict[str, float]]) 
 def check_cluster_fits(cfg: RunConfig) -> None:
     """Raise ResourceError (one line) when the connected Ray cluster cannot hold the learner and the engine."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if why := shortfall(demands(cfg), nodes):
+    if why := shortfall(demands(cfg), nodes, counts(cfg)):
         raise ResourceError(why)

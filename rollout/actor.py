@@ -130,12 +130,16 @@ class RolloutServer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def setup_rollout_server(cfg: RolloutConfig, model_path: Path, name: str | None = None):
-    """Start a `RolloutServer` Ray actor with the resources from `cfg.resources` (server not started yet)."""
+def setup_rollout_server(cfg: RolloutConfig, model_path: Path, name: str | None = None,
+                         scheduling_strategy: Any = None):
+    """Start a `RolloutServer` Ray actor with the resources from `cfg.resources` (server not started yet);
+    `scheduling_strategy` places it (e.g. one bundle of a fleet's placement group)."""
     import ray
 
     res = cfg.resources
     options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_restarts": 0}
+    if scheduling_strategy is not None:
+        options["scheduling_strategy"] = scheduling_strategy
     if res.tpu:
         options["resources"] = {"TPU": res.tpu}
     if name:

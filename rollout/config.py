@@ -85,7 +85,10 @@ class RolloutConfig(Strict):
     sampling: SamplingParams = SamplingParams()
     """Default sampling for generate() calls that pass none."""
     resources: RolloutResources = RolloutResources()
-    """Ray resources of the server actor."""
+    """Ray resources of each server actor (one per replica)."""
+    replicas: int = Field(1, ge=1)
+    """Engine servers, each in its own RolloutServer actor with `resources` (on TPU: one per host or chip group);
+    prompt groups are spread over them and every adapter version is pushed to all (rollout/fleet.py)."""
     client: ClientConfig = ClientConfig()
     """HTTP client settings."""
 

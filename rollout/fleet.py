@@ -1,0 +1,313 @@
+"""`RolloutFleet`: N engine replicas behind the methods of one `Rollout` (`rollout.replicas: N`).
+
+Each replica is a plain `Rollout` (its own RolloutServer actor, engine process and resources), so everything a
+single server does (adapter versions, restart of a dead engine with the adapter re-loaded) still holds per
+replica. The fleet adds:
+- spreading: each prompt group (one request carrying its n samples, so they share the prefill and stay on one
+  replica) goes to the live replica with the fewest outstanding requests;
+- pushing: a new adapter version goes to every live replica at once, and `push_lora` returns only when all have
+  it, so the next generation never mixes versions;
+- failures: a replica whose request or push fails is taken out, its in-flight groups are retried on the other
+  replicas, and it is rebuilt in the background (new actor, engine started, current adapter pushed) while the
+  others keep serving; it rejoins only once it serves the current version;
+- per-replica metrics (`metrics()`): requests, tokens/s while generating, restarts.
+
+On a TPU slice each replica asks for its chips through `rollout.resources`; with accelerators the replicas are
+placed one per bundle of a STRICT_SPREAD placement group (one replica per host, or per chip group when a host's
+chips are split across bundles).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from rollout.client import ServerUnavailable
+from rollout.config import RolloutConfig
+from rollout.handle import Rollout
+from rollout.types import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+PLACEMENT_TIMEOUT_S = 600
+
+
+def is_replica_failure(err: BaseException) -> bool:
+    """The replica failed, not the request: its server stayed unreachable after the handle's own restart and
+    retries, its actor died, or its actor failed a call for a reason other than a bad argument (ValueError). Anything
+    else (a request the engine rejects, bad input) is the caller's error and must propagate, not cause a rebuild."""
+    if isinstance(err, (ServerUnavailable, ray.exceptions.RayActorError)):
+        return True
+    return isinstance(err, ray.exceptions.RayTaskError) and not isinstance(err.cause, ValueError)
+
+
+@dataclass
+class Replica:
+    """One engine replica and its counters."""
+
+    index: int
+    rollout: Rollout
+    live: bool = True
+    outstanding: int = 0
+    requests: int = 0
+    tokens: int = 0
+    busy_s: float = 0.0
+    restarts: int = 0
+    seen_events: int = 0
+    rebuild: concurrent.futures.Future | None = field(default=None, repr=False)
+
+
+class RolloutFleet:
+    """Generate across N replicas, push every adapter version to all of them, rebuild dead ones."""
+
+    def __init__(self, cfg: RolloutConfig, model_path: Path, replicas: int | None = None, placement: Any = None):
+        self.cfg = cfg
+        self.model_path = Path(model_path)
+        self.n = replicas or cfg.replicas
+        self.events: list[str] = []
+        """What happened to any replica besides normal work (restarts and why), oldest first. Published at the end
+        of each generate(), so one that happened during a push or a background rebuild is counted with the next
+        step's generation (the loop counts the events appearing during generate)."""
+        self._unpublished: list[str] = []
+        self.version: int | None = None
+        self._adapter: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None  # the current version's tensors
+        self._placement = placement  # a placement group with one bundle per replica, or None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        # Requests and control work (pushes, rebuilds) get separate pools: requests waiting for a rebuilt replica
+        # must never hold the threads that rebuild it.
+        requests = min(256, self.n * cfg.client.max_concurrency)
+        self._pool = concurrent.futures.ThreadPoolExecutor(requests, thread_name_prefix="fleet-request")
+        self._control = concurrent.futures.ThreadPoolExecutor(2 * self.n, thread_name_prefix="fleet-control")
+        self.replicas = [Replica(i, self._new_rollout(i)) for i in range(self.n)]
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def _new_rollout(self, index: int) -> Rollout:
+        rollout = Rollout(self.cfg, self.model_path)
+        if self._placement is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            from rollout.actor import setup_rollout_server
+
+            strategy = PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=index)
+            rollout.actor = setup_rollout_server(self.cfg, self.model_path, scheduling_strategy=strategy)
+        return rollout
+
+    def start(self) -> str:
+        """Start every replica's server concurrently (blocks until all are healthy); their base_urls, joined."""
+        urls = list(self._control.map(lambda r: r.rollout.start(), self.replicas))
+        return ",".join(urls)
+
+    @property
+    def actor(self):
+        """The first replica's RolloutServer actor (for tools and fault hooks that address one server)."""
+        return self.replicas[0].rollout.actor
+
+    @property
+    def base_url(self) -> str:
+        """The first live replica's URL (for tools that talk to one server)."""
+        return next(r.rollout.base_url for r in self.replicas if r.live)
+
+    def stop(self) -> None:
+        """Stop every replica (waiting for background rebuilds first); idempotent."""
+        for r in self.replicas:
+            if r.rebuild is not None:
+                concurrent.futures.wait([r.rebuild])
+            r.rollout.stop()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._control.shutdown(wait=True, cancel_futures=True)
+        if self._placement is not None:
+            import ray
+
+            ray.util.remove_placement_group(self._placement)
+            self._placement = None
+
+    def __enter__(self) -> RolloutFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- data plane ------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
+                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
+        """n completions per prompt with the current adapter; groups spread by least outstanding requests.
+
+        `seeds` (one per prompt) and `on_sent` (called once, as the first group goes out) are passed on as
+        `Rollout.generate` takes them, so a group draws the same samples whichever replica serves it.
+        """
+        params = params or self.cfg.sampling
+        if not prompts:
+            raise ValueError("generate() needs a non-empty list of non-empty token-id prompts")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"generate() got {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
+        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i])
+                   for i, p in enumerate(prompts)]
+        if on_sent is not None:
+            on_sent()
+        try:
+            return [f.result() for f in futures]
+        finally:
+            self._collect_events()
+
+    def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None) -> list[Completion]:
+        """One group on the least-loaded live replica; on failure, take that replica out and try another."""
+        tried: set[int] = set()
+        kwargs = {} if seed is None else {"seeds": [seed]}
+        while True:
+            replica = self._acquire(tried)
+            t0 = time.perf_counter()
+            try:
+                [group] = replica.rollout.generate([prompt], params, **kwargs)
+            except Exception as err:
+                self._release(replica, None, 0.0)
+                if not is_replica_failure(err):
+                    raise
+                tried.add(replica.index)
+                self._take_out(replica, f"generate failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+                continue
+            self._release(replica, group, time.perf_counter() - t0)
+            return group
+
+    def _acquire(self, tried: set[int]) -> Replica:
+        with self._idle:
+            while True:
+                live = [r for r in self.replicas if r.live and r.index not in tried]
+                if live:
+                    replica = min(live, key=lambda r: (r.outstanding, r.index))
+                    replica.outstanding += 1
+                    return replica
+                if not any(r.rebuild is not None and not r.rebuild.done() for r in self.replicas):
+                    recent = (self.events + self._unpublished)[-3:]
+                    raise RuntimeError(f"every rollout replica failed this request ({len(self.replicas)} tried, "
+                                       f"events: {recent}); see the replicas' server logs")
+                tried.clear()  # every live one failed it: wait for a rebuilt replica and try again
+                self._idle.wait(timeout=5.0)
+
+    def _release(self, replica: Replica, group: list[Completion] | None, seconds: float) -> None:
+        with self._idle:
+            replica.outstanding -= 1
+            if group is not None:
+                replica.requests += 1
+                replica.tokens += sum(len(c.token_ids) for c in group)
+                replica.busy_s += seconds
+            self._idle.notify_all()
+
+    # ---- control plane ---------------------------------------------------------------------------------------
+    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> float:
+        """Push `version` to every live replica concurrently; returns when all have it (seconds paused)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            self._adapter = (tensors, adapter_config)
+            self.version = version
+            live = [r for r in self.replicas if r.live]
+        futures = {self._control.submit(r.rollout.push_lora, version, tensors, adapter_config): r for r in live}
+        for future, replica in futures.items():
+            err = future.exception()
+            if err is not None and not is_replica_failure(err):
+                raise err
+            if err is not None:
+                self._take_out(replica, f"push of adapter v{version} failed ({type(err).__name__})")
+        if not any(r.live for r in self.replicas):
+            self._wait_for_rebuilds()
+        return time.perf_counter() - t0
+
+    def _take_out(self, replica: Replica, why: str) -> None:
+        """Stop sending work to `replica` and rebuild it in the background (once)."""
+        with self._idle:
+            if not replica.live:
+                return
+            replica.live = False
+            replica.restarts += 1
+            self._record(f"rollout replica {replica.index} out: {why}; rebuilding it while the others serve")
+            replica.rebuild = self._control.submit(self._rebuild, replica)
+
+    def _rebuild(self, replica: Replica) -> None:
+        """A fresh actor + engine for `replica`, serving the current adapter, then back in service."""
+        old = replica.rollout
+        try:
+            old.stop()
+        except Exception as err:  # noqa: BLE001 - the old actor may already be gone; the new one matters
+            log.warning("rollout replica %d: stopping the dead one failed (%s)", replica.index, err)
+        fresh = self._new_rollout(replica.index)
+        with self._lock:
+            replica.rollout, replica.seen_events = fresh, 0  # stop() stops it even if its start fails
+        fresh.start()
+        while True:  # a push may land while this replica is starting: catch up to the newest version
+            with self._lock:
+                version, adapter = self.version, self._adapter
+            if version is not None and fresh.version != version:
+                fresh.push_lora(version, *adapter)
+            with self._idle:
+                if self.version == fresh.version:
+                    replica.live = True
+                    self._record(f"rollout replica {replica.index} rebuilt and serving adapter v{fresh.version}")
+                    self._idle.notify_all()
+                    return
+
+    def _wait_for_rebuilds(self) -> None:
+        pending = [r.rebuild for r in self.replicas if r.rebuild is not None]
+        for future in concurrent.futures.as_completed(pending):
+            future.result()  # a replica that cannot be rebuilt ends the run with its own error
+
+    def restart(self) -> str:
+        """Restart every replica's server (each re-loads its adapter); their base_urls, joined."""
+        return ",".join(r.rollout.restart() for r in self.replicas)
+
+
+def setup_rollout(cfg: RolloutConfig, model_path: Path) -> Rollout | RolloutFleet:
+    """One `Rollout` (replicas=1) or a `RolloutFleet`; with accelerators the fleet's replicas get one placement
+    bundle each (STRICT_SPREAD: distinct hosts). Not started."""
+    if cfg.replicas == 1:
+        return Rollout(cfg, model_path)
+    r = cfg.resources
+    placement = None
+    if r.tpu or r.num_gpus:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        bundle = {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {})}
+        placement = placement_group([dict(bundle) for _ in range(cfg.replicas)], strategy="STRICT_SPREAD",
+                                    name="aha-rollout")
+        try:
+            ray.get(placement.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(placement)
+            raise RuntimeError(f"rollout.replicas={cfg.replicas} needs {cfg.replicas} distinct Ray nodes each with "
+                               f"{bundle}, not found in {PLACEMENT_TIMEOUT_S} s (cluster: {ray.cluster_resources()}); "
+                               "start Ray on every engine host or lower rollout.replicas / rollout.resources") from None
+    return RolloutFleet(cfg, model_path, placement=placement)
+
+    # ---- events and metrics ----------------------------------------------------------------------------------
+    def _record(self, event: str) -> None:
+        log.warning("%s", event)
+        self._unpublished.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}")
+
+    def _collect_events(self) -> None:
+        """Publish the fleet's events and the replicas' own (an engine restarted inside its handle)."""
+        with self._lock:
+            self.events.extend(self._unpublished)
+            self._unpublished.clear()
+            for r in self.replicas:
+                new = r.rollout.events[r.seen_events:]
+                r.seen_events += len(new)
+                r.restarts += len(new)  # a handle's own events are engine restarts
+                self.events.extend(f"replica {r.index}: {e}" for e in new)
+
+    def metrics(self) -> dict[str, float]:
+        """`rollout/replica{i}/...`: requests, tokens/s while generating, restarts (since the fleet started)."""
+        out: dict[str, float] = {}
+        for r in self.replicas:
+            out[f"rollout/replica{r.index}/requests"] = float(r.requests)
+            out[f"rollout/replica{r.index}/tokens_per_s"] = r.tokens / r.busy_s if r.busy_s else 0.0
+            out[f"rollout/replica{r.index}/restarts"] = float(r.restarts)
+        return out
