@@ -25,6 +25,7 @@ import ray
 from learner.batch import TrainBatch
 from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
+from orchestration.inloop_eval import maybe_eval
 from orchestration.metrics import MetricsLog
 from orchestration.prompts import PromptRenderer
 from rewards.registry import RewardSet
@@ -196,5 +197,6 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState) ->
             metrics["timing/generate_overlapped"] = pending.metrics["timing/generate"]
         parts.metrics.log(step, metrics)
         log_samples(run_dir, rollouts, parts.renderer)
+        maybe_eval(cfg, parts, step)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state)

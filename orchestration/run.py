@@ -16,7 +16,7 @@ from orchestration import cluster
 from orchestration.config import RunConfig
 from orchestration.data import PromptStream, setup_dataset
 from orchestration.loop import LoopState, Parts, push_adapter, save_checkpoint, train_loop
-from orchestration.metrics import MetricsLog, read_metrics
+from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.plots import write_plots
 from orchestration.prompts import PromptRenderer
 from rewards.registry import setup_rewards
@@ -71,7 +71,7 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
         state = restore(parts)
-        parts.metrics = MetricsLog(run_dir, cfg.train.steps, state.step, cfg.logging.tensorboard, cfg.logging.progress)
+        parts.metrics = setup_metrics(cfg, run_dir, state.step)
         train_loop(cfg, parts, run_dir, state)
         finish(cfg, parts, run_dir)
     except BaseException as exc:
