@@ -80,7 +80,8 @@ def resolve(args: argparse.Namespace) -> EvalJob:
         raise ConfigError("eval sampling (--temperature/--max-tokens/--k): " + format_validation_error(err)) from None
     adapter_dir = None if is_config else args.target / "adapter"
     if adapter_dir is not None and not (adapter_dir / "adapter_model.safetensors").exists():
-        raise ConfigError(f"{adapter_dir} has no adapter; finish the run first (--resume), or pass a config for base only")
+        raise ConfigError(f"{adapter_dir} has no adapter; finish the run first (--resume), "
+                          "or pass a config for the base model only")
     seed = cfg.data.seed if args.seed is None else args.seed
     try:
         prompts = eval_prompts(cfg.data, args.limit, seed)

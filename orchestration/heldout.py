@@ -40,7 +40,8 @@ def eval_sampling(base: SamplingParams, k: int, temperature: float | None = None
         update["temperature"] = temperature
     if max_tokens is not None:
         update["max_tokens"] = max_tokens
-    # model_validate, not model_copy: copy skips validation, and n > 1 at temperature 0 must fail here, not at the server.
+    # model_validate, not model_copy: copy skips validation, and n > 1 at temperature 0 must fail here,
+    # not as a 400 from the server.
     return SamplingParams.model_validate({**base.model_dump(), **update})
 
 

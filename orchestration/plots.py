@@ -101,7 +101,8 @@ def write_eval_plot(report: dict, path: Path) -> Path:
     labels = metrics
     if "difference" in report:
         d = report["difference"]
-        labels = [f"{m}\n{d[m]['value']:+.3f} [{d[m]['low']:+.3f}, {d[m]['high']:+.3f}]" if m in d else m for m in metrics]
+        labels = [f"{m}\n{d[m]['value']:+.3f} [{d[m]['low']:+.3f}, {d[m]['high']:+.3f}]" if m in d else m
+                  for m in metrics]
     ax.set_xticks(range(len(metrics)), labels, fontsize=8)
     ax.set_title(f"{report['task']}: {report['prompts']} held-out prompts x {report['k']} samples (95% CI)")
     ax.grid(axis="y", alpha=0.3)

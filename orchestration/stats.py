@@ -52,8 +52,10 @@ def wilson(successes: int, n: int, z: float = Z95) -> Interval:
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    # Clamp float noise at the ends (0/n gives center == half up to rounding).
-    return Interval(p, max(0.0, center - half), min(1.0, center + half), n, "wilson")
+    # The ends are exact (0/n: center == half, n/n: center + half == 1) but float rounding leaves ~1e-17.
+    low = 0.0 if successes == 0 else center - half
+    high = 1.0 if successes == n else center + half
+    return Interval(p, low, high, n, "wilson")
 
 
 def bootstrap_mean(per_prompt: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,

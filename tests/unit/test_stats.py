@@ -21,6 +21,7 @@ def test_wilson_matches_published_values(successes, n):
     assert iv.low == pytest.approx(low, abs=1e-5) and iv.high == pytest.approx(high, abs=1e-5), (
         f"wilson({successes}, {n}) = {iv}, published [{low}, {high}]: the score-interval formula is wrong")
     assert iv.value == successes / n
+    assert (iv.low == 0.0) == (successes == 0) and (iv.high == 1.0) == (successes == n), "the ends must be exact"
 
 
 @pytest.mark.parametrize(("successes", "n"), [(0, 10), (3, 10), (7, 50), (200, 200)])
