@@ -27,10 +27,12 @@ from orchestration.config import load_config  # noqa: E402
 from orchestration.heldout import eval_prompts, eval_sampling, score_policy  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "countdown_smollm2_cpu.yaml"
-PLAIN_SYSTEM = ("You are a helpful assistant. Think about the problem inside <think> </think> tags, "
-                "then write only the final answer inside <answer> </answer> tags.")
-PLAIN_COUNTDOWN = ("Using the numbers {numbers}, create an equation that equals {target}. "
-                   "You can use + - * / and each number exactly once.")
+# The prompt before issue 12 ("current" style): a placeholder and an example answer the model copies.
+OLD_SYSTEM = ("You are a helpful assistant. Think step by step, then answer, in exactly this format:\n"
+              "<think>\n...\n</think>\n<answer>\n...\n</answer>")
+OLD_COUNTDOWN = ("Using the numbers {numbers}, create an equation that equals {target}. You can use + - * / and each "
+                 "number exactly once. Show your reasoning in <think> </think> and give only the equation in "
+                 "<answer> </answer>, e.g. <answer>(1 + 2) / 3</answer>.")
 SMALL_TRAIN = "data.train_size=2000"  # small puzzle spaces cannot fill the default 10000 distinct train puzzles
 CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct held-out puzzles
     "cd2-n50-current": (["data.countdown_numbers=[2,2]", "data.max_number=50"], "current"),
@@ -44,14 +46,12 @@ CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct
 
 
 def restyle(prompt, style: str):
-    """The prompt with the plain system message (and, for countdown, the user message without an example)."""
-    if style == "current":
+    """"plain": the prompt as orchestration.data renders it now; "current": the pre-issue-12 countdown prompt."""
+    if style == "plain" or prompt.task != "countdown":
         return prompt
-    user = prompt.messages[1]["content"]
-    if prompt.task == "countdown":
-        ref = prompt.reference
-        user = PLAIN_COUNTDOWN.format(numbers=ref["numbers"], target=ref["target"])
-    return dataclasses.replace(prompt, messages=({"role": "system", "content": PLAIN_SYSTEM},
+    ref = prompt.reference
+    user = OLD_COUNTDOWN.format(numbers=ref["numbers"], target=ref["target"])
+    return dataclasses.replace(prompt, messages=({"role": "system", "content": OLD_SYSTEM},
                                                  {"role": "user", "content": user}))
 
 
