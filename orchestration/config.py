@@ -61,7 +61,36 @@ class TrainConfig(Strict):
     """Where metrics, checkpoints, adapters and plots go; {name} is the config file's stem, {time} a timestamp."""
 
 
+class WandbConfig(Strict):
+    project: str = "aha"
+    """W&B project the run is logged under."""
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    """offline: write run_dir/wandb/offline-run-*/ only (upload later with `wandb sync`); online: stream to the
+    W&B server (needs `wandb login` or WANDB_API_KEY); disabled: a no-op run (keeps the code path, logs nothing)."""
+    entity: str | None = None
+    """W&B team or user (None: the logged-in user's default)."""
+    name: str | None = None
+    """Display name of the run (None: the run directory's name)."""
+
+
+class EvalConfig(Strict):
+    every: int = Field(0, ge=0)
+    """Score the held-out prompts every N steps and at the last step (0 = never), through the training engine with
+    the adapter just pushed (no second server); logs eval/accuracy, eval/pass@k, eval/reward. Costs prompts x k
+    samples of generation per eval."""
+    prompts: int = Field(32, ge=1)
+    """Held-out prompts per eval: the first N of the eval split (at most data.eval_size)."""
+    k: int = Field(4, ge=1)
+    """Samples per prompt: accuracy is over all samples, pass@k over prompts."""
+    temperature: float | None = Field(None, ge=0.0)
+    """Sampling temperature of the eval (None: rollout.sampling.temperature); 0 = greedy, with k = 1."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Most new tokens per eval sample (None: rollout.sampling.max_tokens)."""
+
+
 class LoggingConfig(Strict):
+    wandb: WandbConfig | None = None
+    """Also log every metric to Weights & Biases (None = off); needs the wandb package in the learner env."""
     tensorboard: bool = True
     """Also write TensorBoard event files (tensorboardX) into run_dir/tb."""
     progress: Literal["auto", "on", "off"] = "auto"
@@ -106,6 +135,7 @@ class RunConfig(Strict):
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     logging: LoggingConfig = LoggingConfig()
+    eval: EvalConfig = EvalConfig()
     ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
@@ -115,6 +145,17 @@ class RunConfig(Strict):
                 f"rollout.sampling.n ({self.rollout.sampling.n}) must be >= 2: GRPO compares samples of one prompt, "
                 "and with one sample every advantage is 0"
             )
+        return self
+
+    @model_validator(mode="after")
+    def check_eval(self) -> "RunConfig":
+        e = self.eval
+        if e.every and e.prompts > self.data.eval_size:
+            raise ValueError(f"eval.prompts ({e.prompts}) exceeds data.eval_size ({self.data.eval_size}); "
+                             "lower eval.prompts or raise data.eval_size")
+        temperature = self.rollout.sampling.temperature if e.temperature is None else e.temperature
+        if e.every and e.k > 1 and temperature == 0:
+            raise ValueError(f"eval.k ({e.k}) > 1 at temperature 0 gives identical greedy samples; set eval.k: 1")
         return self
 
     @model_validator(mode="after")

@@ -26,9 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 EVAL_BUCKETS = 10
 """One content hash bucket in this many belongs to eval; the rest to train."""
 
+# No placeholder ("...") and no example answer: SmolLM2-135M copies them verbatim (greedy, the earlier prompt gave
+# "The equation is: 1 + 2 = 3" on every held-out puzzle; a GRPO run converged to "...</think><answer>1 + 2</answer>").
 SYSTEM_PROMPT = (
-    "You are a helpful assistant. Think step by step, then answer, in exactly this format:\n"
-    "<think>\n...\n</think>\n<answer>\n...\n</answer>"
+    "You are a helpful assistant. Think about the problem inside <think> </think> tags, "
+    "then write only the final answer inside <answer> </answer> tags."
 )
 # TinyZero's base-model prefix: the prompt opens the think block so the completion starts reasoning at once.
 BASE_PREFIX = (
@@ -37,9 +39,8 @@ BASE_PREFIX = (
     "User: {user}\nAssistant: Let me solve this step by step.\n<think>"
 )
 COUNTDOWN_USER = (
-    "Using the numbers {numbers}, create an equation that equals {target}. You can use + - * / and each number "
-    "exactly once. Show your reasoning in <think> </think> and give only the equation in <answer> </answer>, "
-    "e.g. <answer>(1 + 2) / 3</answer>."
+    "Using the numbers {numbers}, create an equation that equals {target}. "
+    "You can use + - * / and each number exactly once."
 )
 MATH_USER = "{question}\nShow your reasoning in <think> </think> and give only the final number in <answer> </answer>."
 

@@ -1,8 +1,14 @@
-"""`python -m orchestration.eval RUN_DIR`: base vs trained on the held-out split, through the same engine.
+"""`python -m orchestration.eval RUN_DIR`: base vs trained on held-out prompts, through the same engine, with CIs.
 
-For each eval prompt it draws k samples (the run's sampling parameters, n = k) from the base model, then from
-the run's final adapter, and reports mean reward, accuracy (samples whose task reward is 1.0) and pass@k
-(prompts with at least one such sample). Results go to RUN_DIR/eval.json and a table on stdout.
+For each held-out prompt it draws k samples (the run's sampling parameters, n = k) from the base model, then from
+the run's final adapter, and reports accuracy (samples whose task reward is 1.0) and pass@k (prompts with at least
+one such sample) with Wilson 95% intervals, mean reward, and trained - base with a paired bootstrap 95% interval
+over prompts (orchestration/stats.py says why). Given a config YAML instead of a run directory it scores the base
+model only (for choosing a task and prompt before training). Results: OUT/eval.json, OUT/eval.png, a table.
+
+    python -m orchestration.eval runs/demo --limit 200 --k 4
+    python -m orchestration.eval runs/demo --seed 1 data.eval_size=400 --limit 400 --temperature 0 --k 1  # any order
+    python -m orchestration.eval configs/countdown_smollm2_cpu.yaml --limit 100 data.countdown_numbers=[2,3]
 """
 
 from __future__ import annotations
@@ -11,24 +17,78 @@ import argparse
 import json
 import logging
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from orchestration import signals
-from orchestration.config import ConfigError, RunConfig, load_config
+from orchestration import signals, stats
+from pydantic import ValidationError
+
+from orchestration.config import ConfigError, RunConfig, format_validation_error, load_config
+from orchestration.data import Prompt
+from rollout.types import SamplingParams
 
 log = logging.getLogger("orchestration.eval")
-TASK_REWARDS = ("countdown", "math_answer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.eval", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--k", type=int, default=4, help="samples per prompt (pass@k)")
-    p.add_argument("--limit", type=int, default=64, help="eval prompts to use (from the held-out split)")
+    p.add_argument("target", type=Path, metavar="RUN_DIR|CONFIG",
+                   help="a run directory (base vs its adapter/) or a config YAML (base model only)")
+    p.add_argument("--k", type=int, default=4, help="samples per prompt (pass@k); default 4")
+    p.add_argument("--limit", type=int, default=200, help="held-out prompts to use; default 200")
+    p.add_argument("--seed", type=int, default=None,
+                   help="data seed to draw the held-out prompts with (default: the run's data.seed); any seed's "
+                        "eval prompts are held out from training, the split is by content hash")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for eval.json and eval.png (default: the run directory, or runs/eval-<config>)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature for the eval (default: the run's); 0 = greedy, with --k 1")
+    p.add_argument("--max-tokens", type=int, default=None, help="most new tokens per sample (default: the run's)")
+    p.add_argument("--progress", choices=("on", "off"), default="on", help="progress bar per phase on stderr")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. rollout.sampling.temperature=0.7")
-    return p.parse_args(argv)
+    # Intermixed: `RUN --limit 200 data.seed=1` must work (plain parse_args stops the positionals at the option).
+    return p.parse_intermixed_args(argv)
+
+
+@dataclass
+class EvalJob:
+    cfg: RunConfig
+    prompts: list[Prompt]
+    params: SamplingParams
+    """The run's sampling with n = k and the eval's temperature / max_tokens."""
+    adapter_dir: Path | None
+    """None: base model only."""
+    out_dir: Path
+    seed: int
+
+
+def resolve(args: argparse.Namespace) -> EvalJob:
+    """Config, held-out prompts, adapter and output directory; ConfigError (one line) for any user mistake."""
+    from orchestration.heldout import eval_prompts, eval_sampling
+
+    is_config = args.target.suffix in (".yaml", ".yml")
+    cfg = load_config(args.target if is_config else args.target / "config.yaml", args.overrides)
+    temperature = cfg.rollout.sampling.temperature if args.temperature is None else args.temperature
+    if args.k < 1 or (args.k > 1 and temperature == 0):
+        raise ConfigError(f"--k {args.k} at temperature {temperature}: greedy samples are all the same; use --k 1")
+    try:
+        params = eval_sampling(cfg.rollout.sampling, args.k, args.temperature, args.max_tokens)
+    except ValidationError as err:
+        raise ConfigError("eval sampling (--temperature/--max-tokens/--k): " + format_validation_error(err)) from None
+    adapter_dir = None if is_config else args.target / "adapter"
+    if adapter_dir is not None and not (adapter_dir / "adapter_model.safetensors").exists():
+        raise ConfigError(f"{adapter_dir} has no adapter; finish the run first (--resume), "
+                          "or pass a config for the base model only")
+    seed = cfg.data.seed if args.seed is None else args.seed
+    try:
+        prompts = eval_prompts(cfg.data, args.limit, seed)
+    except ValueError as err:
+        raise ConfigError(f"--limit {args.limit}: {err}") from None
+    out_dir = args.out or (Path("runs") / f"eval-{args.target.stem}" if is_config else args.target)
+    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed)
 
 
 def load_adapter(adapter_dir: Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -37,64 +97,105 @@ def load_adapter(adapter_dir: Path) -> tuple[dict[str, np.ndarray], dict]:
     return load_file(str(adapter_dir / "adapter_model.safetensors")), json.loads((adapter_dir / "adapter_config.json").read_text())
 
 
-def evaluate(cfg: RunConfig, rollout, renderer, rewards, prompts, k: int) -> dict[str, float]:
-    """Mean reward, per-reward means, accuracy and pass@k of the policy currently on the server."""
-    from rewards.types import Sample
-
-    params = cfg.rollout.sampling.model_copy(update={"n": k})
-    groups = rollout.generate([renderer.encode(p) for p in prompts], params)
-    samples = [Sample(renderer.text(p), c.text, p.reference) for p, g in zip(prompts, groups) for c in g]
-    result = rewards.score(samples)
-    task = next((n for n in TASK_REWARDS if n in result.per_name), None)
-    out = {"reward_mean": float(np.mean(result.totals)),
-           **{f"reward/{n}": float(np.mean(v)) for n, v in result.per_name.items()}}
-    if task:
-        solved = np.asarray(result.per_name[task]).reshape(len(prompts), k) >= 1.0
-        out["accuracy"] = float(solved.mean())
-        out[f"pass@{k}"] = float(solved.any(axis=1).mean())
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_config(args.run_dir / "config.yaml", args.overrides)
-        if args.k < 1 or (args.k > 1 and cfg.rollout.sampling.temperature == 0):
-            raise ConfigError(f"--k {args.k}: use k >= 1, and k = 1 when rollout.sampling.temperature is 0")
-    except ConfigError as err:
-        print(f"eval: {err}", file=sys.stderr)
-        return 2
-    adapter_dir = args.run_dir / "adapter"
-    if not (adapter_dir / "adapter_model.safetensors").exists():
-        print(f"eval: {adapter_dir} has no adapter; finish the run first (--resume)", file=sys.stderr)
-        return 2
+def score_phases(job: EvalJob, progress: bool) -> dict:
+    """{"base": PolicyScores, "trained": PolicyScores (with an adapter)}, one engine for both."""
     import ray
+    from tqdm import tqdm
 
-    from orchestration.data import setup_dataset
+    from orchestration.heldout import score_policy
     from orchestration.prompts import PromptRenderer
     from rewards.registry import setup_rewards
     from rollout.handle import Rollout
 
-    prompts = setup_dataset(cfg.data, "eval")[: args.limit]
+    cfg = job.cfg
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
     rewards = setup_rewards(cfg.rewards)
+    phases = ["base"] + (["trained"] if job.adapter_dir else [])
+    scores = {}
     ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
     try:
         with Rollout(cfg.rollout, cfg.model.resolved_path) as rollout:
-            base = evaluate(cfg, rollout, renderer, rewards, prompts, args.k)
-            tensors, adapter_config = load_adapter(adapter_dir)
-            rollout.push_lora(1, tensors, adapter_config)
-            trained = evaluate(cfg, rollout, renderer, rewards, prompts, args.k)
+            for phase in phases:
+                if phase == "trained":
+                    rollout.push_lora(1, *load_adapter(job.adapter_dir))
+                with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
+                          file=sys.stderr, dynamic_ncols=True) as bar:
+                    scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update)
     finally:
         ray.shutdown()
-    report = {"prompts": len(prompts), "k": args.k, "base": base, "trained": trained}
-    (args.run_dir / "eval.json").write_text(json.dumps(report, indent=2))
-    print(f"\n{len(prompts)} held-out prompts x {args.k} samples ({cfg.data.task})")
-    print(f"{'metric':<24}{'base':>10}{'trained':>10}")
-    for key in trained:
-        print(f"{key:<24}{base.get(key, float('nan')):>10.3f}{trained[key]:>10.3f}")
+    return scores
+
+
+def summarize_policy(s, seed: int) -> tuple[dict, dict[str, np.ndarray]]:
+    """Report entries (intervals as dicts) and the per-prompt values the paired differences resample."""
+    out: dict = {}
+    if s.solved is not None:
+        out.update({key: iv.as_dict() for key, iv in stats.solved_intervals(s.solved).items()})
+        per_prompt = stats.per_prompt_metrics(s.solved, s.totals)
+    else:
+        per_prompt = {"reward_mean": s.totals.mean(axis=1)}
+    out["reward_mean"] = stats.bootstrap_mean(per_prompt["reward_mean"], seed=seed).as_dict()
+    out.update({f"reward/{n}": float(v.mean()) for n, v in s.per_name.items()})
+    out["completion_len_mean"] = float(s.lengths.mean())
+    out["examples"] = [group[0] for group in s.texts[:3]]
+    return out, per_prompt
+
+
+def build_report(job: EvalJob, scores: dict, argv: list[str]) -> dict:
+    report = {"command": "python -m orchestration.eval " + " ".join(argv), "task": job.cfg.data.task,
+              "prompts": len(job.prompts), "k": job.params.n, "data_seed": job.seed, "adapter": str(job.adapter_dir),
+              "sampling": job.params.model_dump(mode="json")}
+    per_prompt = {}
+    for phase, s in scores.items():
+        report[phase], per_prompt[phase] = summarize_policy(s, stats.BOOTSTRAP_SEED)
+    if "trained" in per_prompt:
+        diffs = stats.paired_differences(per_prompt["base"], per_prompt["trained"])
+        report["difference"] = {key: iv.as_dict() for key, iv in diffs.items()}
+    return report
+
+
+def format_table(report: dict) -> str:
+    phases = [p for p in ("base", "trained", "difference") if p in report]
+    lines = [f"{report['prompts']} held-out prompts x {report['k']} samples ({report['task']}, data seed "
+             f"{report['data_seed']}); 95% intervals: Wilson (base, trained), paired bootstrap (difference)",
+             f"{'metric':<22}" + "".join(f"{p if p != 'difference' else 'trained - base':>28}" for p in phases)]
+    for key, value in report[phases[0]].items():
+        if key == "examples":
+            continue
+        cells = []
+        for phase in phases:
+            v = report[phase].get(key)
+            if isinstance(v, dict):
+                sign = "+" if phase == "difference" else ""
+                cells.append(f"{v['value']:{sign}.3f} [{v['low']:{sign}.3f}, {v['high']:{sign}.3f}]")
+            else:
+                cells.append("" if v is None else f"{v:.3f}")
+        lines.append(f"{key:<22}" + "".join(f"{c:>28}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request would bury the progress bars
+    try:
+        job = resolve(args)
+    except ConfigError as err:
+        print(f"eval: {err}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    scores = score_phases(job, args.progress == "on")
+    report = build_report(job, scores, argv)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    (job.out_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    from orchestration.plots import write_eval_plot
+
+    write_eval_plot(report, job.out_dir / "eval.png")
+    print("\n" + format_table(report))
+    print(f"\nwrote {job.out_dir / 'eval.json'} and {job.out_dir / 'eval.png'}")
     return 0
 
 

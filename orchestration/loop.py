@@ -34,6 +34,7 @@ from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
 from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
+from orchestration.inloop_eval import maybe_eval
 from orchestration.metrics import MetricsLog
 from orchestration.prompts import PromptRenderer
 from rewards.registry import RewardSet
@@ -266,6 +267,7 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
         parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete
         state.unlogged = None
         log_samples(run_dir, rollouts, parts.renderer)
+        maybe_eval(cfg, parts, step)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state, fault)
             log.info("checkpoint saved at step %d", step)

@@ -1,7 +1,9 @@
-"""Per-step metrics: one log line, a row in run_dir/metrics.jsonl, TensorBoard scalars, a progress bar with ETA.
+"""Per-step metrics: one log line, a row in run_dir/metrics.jsonl, TensorBoard scalars, optionally Weights & Biases,
+a progress bar with ETA.
 
-Keys are `area/name` (`reward/countdown`, `timing/generate`, `learner/loss`). metrics.jsonl is the record tests and
-plots read; the log line is for people.
+Keys are `area/name` (`reward/countdown`, `timing/generate`, `learner/loss`, `eval/accuracy`). metrics.jsonl is the
+record tests and plots read; the log line is for people. A step's in-loop eval is written after its train row as a
+second row marked `"merge": true`, which `read_metrics` folds into the step's row.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestration.config import RunConfig, WandbConfig
 
 log = logging.getLogger(__name__)
+WANDB_SETUP = ".venv/bin/python -m pip install 'wandb==0.31.0'"
 
 
 def _finite(value: Any) -> Any:
@@ -28,10 +34,11 @@ class MetricsLog:
     """Writes each step's metrics to every sink; safe to reopen on resume (appends)."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0, tensorboard: bool = True,
-                 progress: str = "auto"):
+                 progress: str = "auto", wandb: WandbConfig | None = None, run_config: dict | None = None):
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a")
         self._tb = self._open_tensorboard(run_dir / "tb") if tensorboard else None
+        self._wandb = open_wandb(wandb, run_dir, run_config or {}) if wandb is not None else None
         show_bar = progress == "on" or (progress == "auto" and sys.stderr.isatty())
         self._bar = self._open_bar(total_steps, start_step) if show_bar else None
         self.total_steps = total_steps
@@ -50,18 +57,33 @@ class MetricsLog:
         return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, "time": time.time(), **{k: _finite(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        self._write(step, metrics)
         log.info(self.summary_line(step, metrics))
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}")
+
+    def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        """A step's held-out eval, after its train row: merged into that row by read_metrics; no progress tick."""
+        self._write(step, metrics, merge=True)
+        acc = metrics.get("eval/accuracy")
+        log.info("eval at step %d | accuracy %s | reward %.3f | %.1fs", step,
+                 "n/a" if acc is None else f"{acc:.3f} [{metrics['eval/accuracy_low']:.3f}, "
+                                           f"{metrics['eval/accuracy_high']:.3f}]",
+                 metrics.get("eval/reward", float("nan")), metrics.get("timing/eval", 0.0))
+
+    def _write(self, step: int, metrics: dict[str, Any], merge: bool = False) -> None:
+        row = {"step": step, "time": time.time(), **({"merge": True} if merge else {}),
+               **{k: _finite(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
 
     def eta_s(self, step: int) -> float:
         done = step - self._s0
@@ -81,17 +103,45 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         if self._bar is not None:
             self._bar.close()
 
 
+def setup_metrics(cfg: RunConfig, run_dir: Path, start_step: int) -> MetricsLog:
+    """The run's MetricsLog with every sink cfg.logging asks for."""
+    lg = cfg.logging
+    return MetricsLog(run_dir, cfg.train.steps, start_step, lg.tensorboard, lg.progress, lg.wandb,
+                      cfg.model_dump(mode="json"))
+
+
+def open_wandb(cfg: WandbConfig, run_dir: Path, run_config: dict):
+    """A wandb run writing under run_dir/wandb; the import is lazy, so wandb is needed only when asked for."""
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError(f"logging.wandb is set but the wandb package is missing: {WANDB_SETUP} (the pin "
+                           "belongs in requirements/learner.txt), or set logging.wandb: null") from None
+    return wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name or run_dir.resolve().name, mode=cfg.mode,
+                      dir=str(run_dir), config=run_config)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Rows of run_dir/metrics.jsonl; on a resumed run, later rows for a step replace earlier ones."""
+    """One row per step from run_dir/metrics.jsonl.
+
+    On a resumed run a later train row for a step replaces the earlier one (and its eval); a `merge` row (the
+    step's eval) adds its keys to the step's current row.
+    """
     rows: dict[int, dict] = {}
     path = run_dir / "metrics.jsonl"
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                rows[row["step"]] = row
+                if row.pop("merge", False) and row["step"] in rows:
+                    row.pop("time", None)
+                    rows[row["step"]].update(row)
+                else:
+                    rows[row["step"]] = row
     return [rows[s] for s in sorted(rows)]

@@ -19,7 +19,7 @@ from orchestration.config import RunConfig
 from orchestration.data import PromptStream, setup_dataset
 from orchestration.faults import FaultHook
 from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
-from orchestration.metrics import MetricsLog, read_metrics
+from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.plots import write_plots
 from orchestration.prompts import PromptRenderer
 from rewards.registry import setup_rewards
@@ -31,7 +31,7 @@ def restore(cfg: RunConfig, parts: Parts, run_dir: Path) -> LoopState:
     """Resume from the learner's last checkpoint: step, optimizer and data position; push that adapter first."""
     step, extra = ray.get(parts.learner.restore.remote())
     drop_rows_after(run_dir, step)
-    parts.metrics = MetricsLog(run_dir, cfg.train.steps, step, cfg.logging.tensorboard, cfg.logging.progress)
+    parts.metrics = setup_metrics(cfg, run_dir, step)
     if step == 0:
         return LoopState(step=0, data=parts.stream.state_dict(), saved_step=0)
     parts.stream.load_state_dict(extra["data"])

@@ -70,8 +70,10 @@ def test_templates() -> None:
     chat = setup_dataset(DataConfig(train_size=2), "train")[0]
     system, user = chat.messages
     assert chat.text is None and system["role"] == "system" and user["role"] == "user"
-    assert "<think>\n...\n</think>\n<answer>\n...\n</answer>" in system["content"]
-    assert "exactly once" in user["content"] and "<answer>(1 + 2) / 3</answer>" in user["content"]
+    assert "<think> </think>" in system["content"] and "<answer> </answer>" in system["content"]
+    assert "exactly once" in user["content"]
+    # Nothing a small model can copy as its thinking or its answer (an earlier demo converged to exactly that).
+    assert "..." not in system["content"] + user["content"] and "e.g." not in user["content"]
     base = setup_dataset(DataConfig(template="base", train_size=2), "train")[0]
     assert base.messages is None and base.text.endswith("Assistant: Let me solve this step by step.\n<think>")
     assert base.reference == chat.reference

@@ -1,0 +1,129 @@
+"""Base held-out accuracy of a model on candidate demo tasks and prompts: one vLLM server, several candidates.
+
+For choosing the CPU demo's task (base accuracy around 10-40%, so GRPO groups have both right and wrong samples)
+and its prompt (no copyable placeholder or example answer). Also prints what trivial answer policies score on the
+same prompts ("always add all numbers"), the floor a collapsed policy reaches without reading the puzzle.
+
+    flock /tmp/aha-heavy.lock env PYTHONPATH=$PWD .venv/bin/python bench/base_accuracy.py --prompts 64 --k 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared env's editable install may be another clone
+
+from orchestration import stats  # noqa: E402
+from orchestration.config import load_config  # noqa: E402
+from orchestration.heldout import eval_prompts, eval_sampling, score_policy  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "countdown_smollm2_cpu.yaml"
+# The prompt before issue 12 ("current" style): a placeholder and an example answer the model copies.
+OLD_SYSTEM = ("You are a helpful assistant. Think step by step, then answer, in exactly this format:\n"
+              "<think>\n...\n</think>\n<answer>\n...\n</answer>")
+OLD_COUNTDOWN = ("Using the numbers {numbers}, create an equation that equals {target}. You can use + - * / and each "
+                 "number exactly once. Show your reasoning in <think> </think> and give only the equation in "
+                 "<answer> </answer>, e.g. <answer>(1 + 2) / 3</answer>.")
+SMALL_TRAIN = "data.train_size=2000"  # small puzzle spaces cannot fill the default 10000 distinct train puzzles
+CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct held-out puzzles
+    "cd2-n50-current": (["data.countdown_numbers=[2,2]", "data.max_number=50"], "current"),
+    "cd2-n50-plain": (["data.countdown_numbers=[2,2]", "data.max_number=50"], "plain"),
+    "cd23-n10-current": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "current"),
+    "cd23-n10-plain": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "plain"),
+    "cd3-n10-plain": (["data.countdown_numbers=[3,3]", "data.max_number=10", SMALL_TRAIN], "plain"),
+    "cd23-n20-plain": (["data.countdown_numbers=[2,3]", "data.max_number=20"], "plain"),
+    "math-plain": (["data.task=math", "rewards.terms=[{name: format, weight: 0.5}, {name: math_answer}]"], "plain"),
+}
+
+
+def restyle(prompt, style: str):
+    """"plain": the prompt as orchestration.data renders it now; "current": the pre-issue-12 countdown prompt."""
+    if style == "plain" or prompt.task != "countdown":
+        return prompt
+    ref = prompt.reference
+    user = OLD_COUNTDOWN.format(numbers=ref["numbers"], target=ref["target"])
+    return dataclasses.replace(prompt, messages=({"role": "system", "content": OLD_SYSTEM},
+                                                 {"role": "user", "content": user}))
+
+
+def content_solved(text: str, reference: dict) -> bool:
+    """Does any `... = ...` side or line of the text, tags or not, use the numbers once and hit the target?
+
+    Says whether the model ever computes a right answer before it has learned the answer format: signal that GRPO
+    can amplify once the format reward has taught the tags.
+    """
+    from rewards.countdown import score
+
+    pieces = [m.strip() for part in text.split("=") for m in re.findall(r"[\d\s+\-*/().]+", part)]
+    return any(score(f"<answer>{p}</answer>", reference["numbers"], reference["target"]) == 1.0 for p in pieces if p)
+
+
+def trivial_floor(prompts) -> float:
+    """Accuracy of answering `a + b (+ c)` to every countdown puzzle."""
+    if prompts[0].task != "countdown":
+        return float("nan")
+    return float(np.mean([sum(p.reference["numbers"]) == p.reference["target"] for p in prompts]))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--candidates", nargs="*", default=list(CANDIDATES))
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true", help="also score temperature 0, k = 1")
+    p.add_argument("--out", type=Path, default=Path("runs/base_accuracy.jsonl"))
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    import ray
+
+    from orchestration.prompts import PromptRenderer
+    from rewards.registry import setup_rewards
+    from rollout.handle import Rollout
+
+    cfg0 = load_config(CONFIG)
+    renderer = PromptRenderer(cfg0.model.resolved_path, cfg0.data.assistant_prefix)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    ray.init(address="local", include_dashboard=False, num_cpus=2)
+    try:
+        with Rollout(cfg0.rollout, cfg0.model.resolved_path) as rollout:
+            for name in args.candidates:
+                overrides, style = CANDIDATES[name]
+                cfg = load_config(CONFIG, overrides)
+                prompts = [restyle(q, style) for q in eval_prompts(cfg.data, args.prompts)]
+                settings = [(args.temperature, args.k)] + ([(0.0, 1)] if args.greedy else [])
+                for temperature, k in settings:
+                    t0 = time.perf_counter()
+                    params = eval_sampling(cfg.rollout.sampling, k, temperature, args.max_tokens)
+                    s = score_policy(rollout, renderer, setup_rewards(cfg.rewards), prompts, params)
+                    ivs = stats.solved_intervals(s.solved)
+                    row = {"candidate": name, "style": style, "overrides": overrides, "temperature": temperature,
+                           "k": k, "max_tokens": args.max_tokens, "prompts": len(prompts),
+                           **{key: iv.as_dict() for key, iv in ivs.items()},
+                           **{f"reward/{n}": float(v.mean()) for n, v in s.per_name.items()},
+                           "len_mean": float(s.lengths.mean()), "always_add": trivial_floor(prompts),
+                           "content_acc": float(np.mean([content_solved(t, q.reference) for q, g in zip(prompts, s.texts)
+                                                         for t in g])) if prompts[0].task == "countdown" else None,
+                           "seconds": round(time.perf_counter() - t0, 1), "examples": [g[0] for g in s.texts[:4]]}
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(f"{name:<18} T={temperature} k={k} acc {ivs['accuracy']}  pass@{k} {ivs[f'pass@{k}']}  "
+                          f"content {row['content_acc']}  always-add {row['always_add']:.3f}  len {row['len_mean']:.0f}  {row['seconds']}s",
+                          flush=True)
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

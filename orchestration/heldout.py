@@ -1,0 +1,89 @@
+"""The held-out eval set and scoring a policy on it: shared by `orchestration.eval` and the in-loop eval.
+
+A prompt is in the eval split by a hash of its content (orchestration.data), so the eval prompts of *any*
+`data.seed` are held out from the training prompts of every seed: `--seed` draws other held-out prompts.
+A sample counts as solved when its task reward (countdown or math_answer) is at least 1.0, the score of a right
+answer; format and repetition rewards never make a sample "solved".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestration.data import DataConfig, Prompt, setup_dataset
+from rollout.types import SamplingParams
+
+TASK_REWARDS = ("countdown", "math_answer")
+CHUNK_PROMPTS = 16
+"""Prompts per generate call: big enough to keep the engine's batch full, small enough for a moving progress bar."""
+
+
+def eval_prompts(data: DataConfig, limit: int, seed: int | None = None) -> list[Prompt]:
+    """The first `limit` held-out prompts for `data` (with `seed` instead of data.seed when given)."""
+    if seed is not None:
+        data = data.model_copy(update={"seed": seed})
+    prompts = setup_dataset(data, "eval")
+    if limit > len(prompts):
+        raise ValueError(f"{limit} eval prompts asked but data.eval_size is {data.eval_size}; "
+                         f"raise data.eval_size (e.g. data.eval_size={limit}) or ask for fewer")
+    return prompts[:limit]
+
+
+def eval_sampling(base: SamplingParams, k: int, temperature: float | None = None,
+                  max_tokens: int | None = None) -> SamplingParams:
+    """The run's sampling with n = k (and temperature / max_tokens if given), validated like the run's own."""
+    update = {"n": k}
+    if temperature is not None:
+        update["temperature"] = temperature
+    if max_tokens is not None:
+        update["max_tokens"] = max_tokens
+    # model_validate, not model_copy: copy skips validation, and n > 1 at temperature 0 must fail here,
+    # not as a 400 from the server.
+    return SamplingParams.model_validate({**base.model_dump(), **update})
+
+
+@dataclass
+class PolicyScores:
+    """Per-sample scores of one policy on the eval prompts, each array [prompts, k]."""
+
+    totals: np.ndarray
+    per_name: dict[str, np.ndarray]
+    lengths: np.ndarray
+    texts: list[list[str]]
+    task: str | None
+    """The task reward that defines "solved" (None when the config has no task reward)."""
+
+    @property
+    def solved(self) -> np.ndarray | None:
+        return None if self.task is None else self.per_name[self.task] >= 1.0
+
+
+def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> PolicyScores:
+    """Generate params.n samples per prompt with the adapter now on the server and score them.
+
+    `on_progress(prompts_done)` is called after each chunk (a progress bar's update).
+    """
+    from rewards.types import Sample  # the rewards package is light; kept local so this module stays import-cheap
+
+    if not prompts:
+        raise ValueError("score_policy needs at least one prompt")
+    k = params.n
+    groups = []
+    for start in range(0, len(prompts), CHUNK_PROMPTS):
+        chunk = prompts[start : start + CHUNK_PROMPTS]
+        groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
+        if on_progress is not None:
+            on_progress(len(chunk))
+    samples = [Sample(renderer.text(p), c.text, p.reference) for p, g in zip(prompts, groups) for c in g]
+    result = rewards.score(samples)
+    shape = (len(prompts), k)
+    per_name = {n: np.asarray(v, dtype=np.float64).reshape(shape) for n, v in result.per_name.items()}
+    return PolicyScores(
+        totals=np.asarray(result.totals, dtype=np.float64).reshape(shape), per_name=per_name,
+        lengths=np.asarray([len(c.token_ids) for g in groups for c in g]).reshape(shape),
+        texts=[[c.text for c in g] for g in groups],
+        task=next((n for n in TASK_REWARDS if n in per_name), None))

@@ -1,0 +1,60 @@
+"""In-loop held-out eval: every `eval.every` steps, score the held-out prompts with the adapter just pushed.
+
+It runs through the training engine (the adapter the loop pushed is the one on the server), so no second server
+and no adapter copy: the cost is `eval.prompts x eval.k` samples of generation. The eval set and the scoring are
+the ones `python -m orchestration.eval` uses (orchestration/heldout.py), so the per-step curve and the final
+base-vs-trained numbers measure the same thing. Called once at the end of a step, after its metrics are logged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orchestration import stats
+from orchestration.data import DataConfig, Prompt
+from orchestration.heldout import eval_prompts, eval_sampling, score_policy
+
+if TYPE_CHECKING:
+    from orchestration.config import RunConfig
+    from orchestration.loop import Parts
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=4)
+def _prompts(data: DataConfig, limit: int) -> tuple[Prompt, ...]:
+    # Built once per run, not once per eval: the set is a pure function of the (frozen, hashable) data config.
+    return tuple(eval_prompts(data, limit))
+
+
+def is_eval_step(cfg: RunConfig, step: int) -> bool:
+    """Every eval.every steps and at the last step (a call at step 0, before any update, scores the base policy)."""
+    every = cfg.eval.every
+    return every > 0 and (step % every == 0 or step == cfg.train.steps)
+
+
+def maybe_eval(cfg: RunConfig, parts: Parts, step: int) -> dict[str, float] | None:
+    """If `step` is an eval step, score the held-out prompts with the current adapter, log and return the metrics."""
+    if not is_eval_step(cfg, step):
+        return None
+    t0 = time.perf_counter()
+    e = cfg.eval
+    params = eval_sampling(cfg.rollout.sampling, e.k, e.temperature, e.max_tokens)
+    scores = score_policy(parts.rollout, parts.renderer, parts.rewards, _prompts(cfg.data, e.prompts), params)
+    metrics: dict[str, float] = {"eval/reward": float(scores.totals.mean()),
+                                 "eval/completion_len_mean": float(scores.lengths.mean())}
+    if scores.solved is not None:
+        for key, iv in stats.solved_intervals(scores.solved).items():
+            metrics.update({f"eval/{key}": iv.value, f"eval/{key}_low": iv.low, f"eval/{key}_high": iv.high})
+    else:
+        log.warning("eval at step %d: no task reward (%s) in the config, so no accuracy; logging eval/reward only",
+                    step, "/".join(("countdown", "math_answer")))
+    metrics.update({f"eval/reward_{n}": float(np.mean(v)) for n, v in scores.per_name.items()})
+    metrics["timing/eval"] = time.perf_counter() - t0
+    parts.metrics.log_eval(step, metrics)
+    return metrics

@@ -1,0 +1,74 @@
+"""In-loop eval and the eval CLI for real, on the tiny model: `python -m orchestration.train` with eval.every=1
+(the training engine scores held-out prompts with the adapter just pushed), then `python -m orchestration.eval` on
+that run (base vs the run's adapter, one engine). Assertions read metrics.jsonl and eval.json, never the log text.
+A random tiny model solves nothing, so the checks are about the machinery: keys, interval bounds, shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestration.metrics import read_metrics
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
+TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24",
+        "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8"]
+
+
+def run(module: str, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def assert_interval(row: dict, key: str) -> None:
+    value, low, high = row[key], row[f"{key}_low"], row[f"{key}_high"]
+    assert 0.0 <= low <= value <= high <= 1.0 and math.isfinite(value), f"{key}: {low} <= {value} <= {high} fails"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    run_dir = tmp_path_factory.mktemp("inloop") / "run"
+    run("orchestration.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, "train.steps=2",
+        "eval.every=1", "eval.prompts=6", "eval.k=2", "eval.max_tokens=16")
+    return run_dir
+
+
+def test_every_step_logs_held_out_eval(run_dir):
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2], "eval rows must merge into their step, not add steps"
+    for row in rows:
+        assert "reward/total" in row, "the eval row replaced the step's train row"
+        for key in ("eval/accuracy", "eval/pass@2"):
+            assert_interval(row, key)
+        assert math.isfinite(row["eval/reward"]) and 0 < row["eval/completion_len_mean"] <= 16
+        assert row["timing/eval"] > 0
+    assert (run_dir / "plots" / "reward.png").stat().st_size > 10_000
+
+
+def test_eval_cli_on_the_run_reports_intervals_and_the_difference(run_dir):
+    # Options and overrides intermixed, as users type them.
+    run("orchestration.eval", str(run_dir), "--limit", "8", "rollout.sampling.max_tokens=16", "--k", "2",
+        "--progress", "off")
+    report = json.loads((run_dir / "eval.json").read_text())
+    assert (report["prompts"], report["k"]) == (8, 2)
+    for phase in ("base", "trained"):
+        acc = report[phase]["accuracy"]
+        assert acc["n"] == 16 and 0 <= acc["low"] <= acc["value"] <= acc["high"] <= 1, (phase, acc)
+        assert report[phase]["pass@2"]["n"] == 8
+    diff = report["difference"]["accuracy"]
+    assert diff["low"] <= diff["value"] <= diff["high"] and diff["n"] == 8
+    assert diff["value"] == pytest.approx(report["trained"]["accuracy"]["value"] - report["base"]["accuracy"]["value"])
+    assert (run_dir / "eval.png").stat().st_size > 10_000
