@@ -1,0 +1,22 @@
+"""Task data: prompts for Countdown and math, with references for the rewards, and a resumable prompt stream.
+
+Everything is made locally and deterministically from the config (nothing is downloaded at run time):
+- Countdown: random numbers combined by a random valid expression tree, so every puzzle is solvable and keeps its
+  solution; intermediate values stay positive integers, as in the game.
+- Math: a few GSM8K-style word-problem templates with exact integer answers, small enough for CPU runs; or the
+  real GSM8K JSONL (`question`, `answer` ending in `#### N`) from a local path.
+Train and eval never overlap: a puzzle's split is fixed by a hash of its content, not by the order of drawing.
+Prompts are kept short because on the CPU demo every prompt token costs rollout time.
+
+Only the standard library and pydantic are imported: the driver and any Ray worker can import this cheaply.
+
+One module per job: `config` (DataConfig), `templates` (prompt texts and rendering), `generators` (Countdown
+puzzles, word problems), `gsm8k` (the JSONL loader), `dataset` (Prompt, the hash-split draw, setup_dataset),
+`stream` (PromptStream).
+"""
+
+from orchestration.data.config import DataConfig
+from orchestration.data.dataset import Prompt, setup_dataset
+from orchestration.data.stream import PromptStream
+
+__all__ = ["DataConfig", "Prompt", "PromptStream", "setup_dataset"]

@@ -1,0 +1,87 @@
+"""Prompt records of one split, drawn deterministically; train and eval are split by a hash of the content."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from orchestration.data.config import DataConfig
+from orchestration.data.generators import countdown_puzzle, word_problem
+from orchestration.data.gsm8k import gsm8k_rows
+from orchestration.data.templates import COUNTDOWN_USER, MATH_USER, render
+
+EVAL_BUCKETS = 10
+"""One content hash bucket in this many belongs to eval; the rest to train."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt, rendered for the configured template, with what its reward needs."""
+
+    uid: str
+    """Stable id, e.g. "countdown-train-000123"."""
+    task: str
+    """"countdown" | "math"."""
+    messages: tuple[dict[str, str], ...] | None
+    """Chat template input (role/content) when the template is chat."""
+    text: str | None
+    """Raw prompt text when the template is base."""
+    reference: dict[str, Any]
+    """countdown {"numbers", "target", "solution"}; math {"answer"}."""
+
+
+def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> list[Prompt]:
+    """The prompts of one split; deterministic given cfg."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    size = cfg.train_size if split == "train" else cfg.eval_size
+    if cfg.task == "gsm8k":
+        task, rows = "math", gsm8k_rows(cfg, split)[:size]
+    elif cfg.task == "math":
+        task, rows = "math", draw(word_problem, cfg, split, size, key=lambda r: r[0])
+    else:
+        task = "countdown"
+        rows = draw(lambda rng: countdown_puzzle(rng, cfg), cfg, split, size, key=lambda r: (sorted(r[0]), r[1]))
+    prompts = []
+    for index, row in enumerate(rows):
+        if task == "countdown":
+            numbers, target, solution = row
+            user = COUNTDOWN_USER.format(numbers=list(numbers), target=target)
+            reference: dict[str, Any] = {"numbers": list(numbers), "target": target, "solution": solution}
+        else:
+            user, reference = MATH_USER.format(question=row[0]), {"answer": row[1]}
+        messages, text = render(user, cfg.template)
+        prompts.append(Prompt(f"{task}-{split}-{index:06d}", task, messages, text, reference))
+    return prompts
+
+
+def draw(make: Callable[[random.Random], Any], cfg: DataConfig, split: str, size: int, key: Callable) -> list:
+    """`size` distinct items of this split's hash bucket, drawn from a generator seeded by (seed, split)."""
+    rng = random.Random(f"{cfg.task}-{cfg.seed}-{split}")
+    items, seen = [], set()
+    budget = 50 * size + 10_000
+    for _ in range(budget):
+        if len(items) == size:
+            break
+        item = make(rng)
+        if item is None:
+            continue
+        content = repr(key(item))
+        if content in seen or is_eval(content) != (split == "eval"):
+            continue
+        seen.add(content)
+        items.append(item)
+    if len(items) < size:
+        raise ValueError(
+            f"only {len(items)} distinct {cfg.task} {split} items after {budget} draws (asked {size}); "
+            "lower the split size or widen the generator (max_number, max_target)"
+        )
+    return items
+
+
+def is_eval(content: str) -> bool:
+    # A content hash, not hash(): Python salts str hashes per process, which would reshuffle the splits.
+    return hashlib.blake2b(content.encode(), digest_size=8).digest()[0] % EVAL_BUCKETS == 0
