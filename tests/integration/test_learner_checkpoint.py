@@ -26,8 +26,7 @@ def toy_batch(seed: int) -> TrainBatch:
     rng = np.random.default_rng(seed)
     comps = [list(rng.integers(3, 49000, 3 + i)) for i in range(8)]
     return TrainBatch([list(rng.integers(3, 49000, 6)) for _ in range(8)], comps,
-                      [list(-rng.random(len(c)) - 1) for c in comps], rng.random(8), np.repeat([0, 1], 4),
-                      temperature=1.0)
+                      [list(-rng.random(len(c)) - 1) for c in comps], rng.random(8), np.repeat([0, 1], 4))
 
 
 FRESH = textwrap.dedent("""
