@@ -12,6 +12,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import ray
 
 from orchestration import cluster, signals
@@ -71,10 +72,11 @@ def summarize(rows: list[dict]) -> dict:
     if not rows:
         return {"steps": 0}
     k = max(1, min(5, len(rows) // 3))
+    timed = [r["timing/step"] for r in rows if "timing/step" in r]  # a step stopped before its push has none
     first = [r["reward/total"] for r in rows[:k]]
     last = [r["reward/total"] for r in rows[-k:]]
     return {"steps": rows[-1]["step"], f"reward_first_{k}": sum(first) / k, f"reward_last_{k}": sum(last) / k,
-            "mean_step_s": sum(r["timing/step"] for r in rows) / len(rows)}
+            "mean_step_s": float(np.mean(timed)) if timed else None}
 
 
 def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopState | None, run_dir: Path) -> str:

@@ -62,7 +62,8 @@ class RolloutClient:
         """
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
-        per_prompt = [params] * len(prompts) if seeds is None else [params.model_copy(update={"seed": s}) for s in seeds]
+        per_prompt = ([params] * len(prompts) if seeds is None
+                      else [params.model_copy(update={"seed": seed}) for seed in seeds])
         payloads = [self.wire.build_payload(p, sp, lora_name) for p, sp in zip(prompts, per_prompt)]
         gate = asyncio.Semaphore(self.cfg.max_concurrency)
         async with self._http(on_sent) as http:
