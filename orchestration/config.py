@@ -106,9 +106,11 @@ class RayConfig(Strict):
     """Logical CPUs of a locally started cluster (None: enough for the actors this config asks for)."""
 
 
-# What the learner applies before its logprobs when they are "processed" (learner/loss.py `Sampling`): temperature,
-# then min-p, top-k, top-p. It reproduces no penalty and no min_tokens masking.
-LEARNER_TRANSFORMS = frozenset({"temperature", "min_p", "top_k", "top_p"})
+# What the learner applies before its logprobs when they are "processed" (learner/sampling.py `SamplingTransform`,
+# vLLM's order): min_tokens masking, repetition/presence/frequency penalties, temperature, min-p, top-k, top-p.
+# (Penalties need learner.logprob_chunk > 0; `check_sampling_is_modelled` refuses them with the dense reference.)
+LEARNER_TRANSFORMS = frozenset({"min_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                                "temperature", "min_p", "top_k", "top_p"})
 
 
 def check_same_transform(backend, sampling: SamplingParams) -> None:

@@ -39,6 +39,7 @@ from orchestration.metrics import MetricsLog
 from orchestration.prompts import PromptRenderer
 from rewards.registry import RewardSet
 from rewards.types import Sample
+from rollout.capabilities import engine_caps
 from rollout.handle import Rollout
 from rollout.types import Completion
 
@@ -78,7 +79,8 @@ class Parts:
 def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
     """Per-request seeds from (train.seed, step, prompt index); None for an engine that cannot take them."""
     backend = cfg.rollout.backend
-    if backend.kind != "vllm" and not getattr(backend, "deterministic_sampling", False):
+    seed = engine_caps(backend).seed  # rollout/capabilities.py: vllm-tpu rejects a per-request seed
+    if seed == "rejected" or (seed == "deterministic_sampling" and not getattr(backend, "deterministic_sampling", False)):
         return None
     return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1) for i in range(count)]
 

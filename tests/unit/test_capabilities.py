@@ -70,14 +70,12 @@ def test_the_same_overrides_load_on_cpu_where_vllm_honours_them():
 
 
 @pytest.mark.parametrize("override", ["rollout.sampling.repetition_penalty=1.1", "rollout.sampling.min_tokens=4"])
-def test_penalties_in_processed_logprobs_are_refused_only_with_the_importance_correction(override):
-    field = override.split("=")[0].split(".")[-1]
-    line = refusal(DEMO, [override])
-    assert f"rollout.sampling.{field}" in line and "takes its logprobs after" in line
-    assert "learner.grpo.is_cap: null" in line
-    assert load_config(DEMO, [override, "learner.grpo.is_cap=null"]).learner.grpo.is_cap is None
-    raw = ["rollout.backend.logprobs_mode=raw_logprobs", "learner.grpo.engine_logprobs=raw"]
-    assert load_config(DEMO, [override, *raw]).rollout.backend.logprobs_mode == "raw_logprobs"
+def test_penalties_in_processed_logprobs_load_because_the_learner_models_them(override):
+    # vLLM takes its processed logprobs after penalties and min_tokens; the chunked learner reproduces both
+    # (learner/sampling.py), so the importance correction stays on. The dense reference does not: refused there.
+    assert load_config(DEMO, [override]).learner.grpo.is_cap is not None
+    line = refusal(DEMO, [override, "learner.logprob_chunk=0"])
+    assert "learner.logprob_chunk" in line
 
 
 def test_logprob_modes_of_engine_and_learner_must_agree():
