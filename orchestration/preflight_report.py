@@ -99,6 +99,8 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
     variants = [("as configured", cfg.learner)]
     if compare_dense and "logprob_chunk" in type(cfg.learner).model_fields:
         variants.insert(0, ("dense logprobs", cfg.learner.model_copy(update={"logprob_chunk": 0})))
+    elif compare_dense:
+        print("preflight: --compare-dense: this learner has no learner.logprob_chunk (logprobs are dense): one variant")
     print(f"preflight: learner on {cfg.learner.topology}, model {hf_path.parent.name} ({hf.get('model_type')}) "
           f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens")
     figures = None

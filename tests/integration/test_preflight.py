@@ -45,7 +45,7 @@ def test_shipped_config_fits(config: Path) -> None:
 
 def test_oversized_micro_batch_names_the_setting() -> None:
     out = preflight("--config", str(ROOT / "configs" / "countdown_smollm2_cpu.yaml"),
-                    "learner.grpo.micro_batch_size=512", "learner.remat=true")
+                    "learner.grpo.micro_batch_size=512", "train.prompts_per_step=64", "learner.remat=true")
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 2, out.stdout + out.stderr[-3000:]
     assert last.startswith("preflight: does not fit") and "learner.grpo.micro_batch_size" in last, last
