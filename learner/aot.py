@@ -30,8 +30,8 @@ from learner.batch import bucket_length
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.lora import apply_lora
-from learner.loss import LossOptions, Sampling
-from learner.mesh import learner_mesh
+from learner.loss import LossOptions
+from learner.sampling import SamplingTransform
 from learner.model import DTYPES, family_of, fix_rope_theta, tunix_config
 
 MODEL_CLASSES = {"llama3": ("tunix.models.llama3.model", "Llama3"), "qwen2": ("tunix.models.qwen2.model", "Qwen2"),
@@ -88,6 +88,7 @@ class Geometry:
     micro: int  # sequences per forward/backward
     mini: int  # sequences per optimizer update
     length: int  # padded tokens per sequence
+    window: int  # padded completion positions per sequence (where the LM head runs)
     epochs: int
 
     @property
@@ -103,24 +104,29 @@ class Geometry:
         return self.epochs * self.rows // self.mini
 
 
-def geometry(cfg: LearnerConfig, batch_size: int, max_sequence: int, data_parallel: int) -> Geometry:
-    """Step shapes for `batch_size` sequences of at most `max_sequence` tokens, via the Learner's own rule."""
+def geometry(cfg: LearnerConfig, batch_size: int, max_sequence: int, max_completion: int,
+             data_parallel: int) -> Geometry:
+    """Step shapes for `batch_size` sequences of at most `max_sequence` tokens (`max_completion` of them generated),
+    via the Learner's own rules (batch.pack buckets the completion window like the sequence)."""
     learner = SimpleNamespace(cfg=cfg, _data_parallel=data_parallel)
     micro, mini, rows = Learner._batch_geometry(learner, batch_size)
-    return Geometry(rows, micro, mini, bucket_length(max_sequence, cfg.seq_bucket), cfg.grpo.epochs)
+    length = bucket_length(max_sequence, cfg.seq_bucket)
+    window = min(bucket_length(max_completion, cfg.seq_bucket), length)
+    return Geometry(rows, micro, mini, length, window, cfg.grpo.epochs)
 
 
 def loss_options(cfg: LearnerConfig) -> LossOptions:
     g = cfg.grpo
-    return LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap)
+    return LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap, g.dual_clip)
 
 
-def abstract_micro_batch(mesh: Mesh, micro: int, length: int) -> ts.MicroBatch:
+def abstract_micro_batch(mesh: Mesh, micro: int, length: int, window: int) -> ts.MicroBatch:
     """A micro-batch's arrays as `Learner._put` places them (rows over 'fsdp' when it has more than one device)."""
     batch = NamedSharding(mesh, PartitionSpec("fsdp" if mesh.shape["fsdp"] > 1 else None))
     bl = lambda dtype: jax.ShapeDtypeStruct((micro, length), dtype, sharding=batch)
     return ts.MicroBatch(bl(jnp.int32), bl(jnp.int32), bl(jnp.bool_), bl(jnp.float32), bl(jnp.float32),
-                         jax.ShapeDtypeStruct((micro,), jnp.float32, sharding=batch), bl(jnp.float32))
+                         jax.ShapeDtypeStruct((micro,), jnp.float32, sharding=batch), bl(jnp.float32),
+                         jax.ShapeDtypeStruct((micro, window), jnp.int32, sharding=batch))
 
 
 def abstract_opt_state(tx, lora: dict, mesh: Mesh):
@@ -133,13 +139,13 @@ def abstract_opt_state(tx, lora: dict, mesh: Mesh):
 
 
 def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mesh, geo: Geometry,
-                 sampling: Sampling) -> tuple[dict[str, Any], dict[str, Any]]:
+                 sampling: SamplingTransform) -> tuple[dict[str, Any], dict[str, Any]]:
     """Compile the Learner's three jitted pieces; returns ({name: Compiled}, abstract state by kind)."""
     owner = SimpleNamespace(cfg=cfg, _parts=parts, _opts=loss_options(cfg), _fns={})
     logprob_fn, accumulate = Learner._compiled(owner, sampling, geo.off_policy)
     tx = ts.make_optimizer(cfg.optimizer)
     opt_state = abstract_opt_state(tx, lora, mesh)
-    mb = abstract_micro_batch(mesh, geo.micro, geo.length)
+    mb = abstract_micro_batch(mesh, geo.micro, geo.length, geo.window)
     old = (mb.loss_mask, mb.loss_mask) if geo.off_policy else (None, None)
     with jax.set_mesh(mesh):
         compiled = {

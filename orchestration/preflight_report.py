@@ -18,19 +18,24 @@ def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     """Compile the learner's step for `learner_cfg`; returns (mesh, geometry, pieces, state sizes, chip)."""
     from learner import aot
     from learner.hbm import chip_for, per_device
-    from learner.loss import Sampling
+    from learner.sampling import SamplingTransform
     from learner.mesh import learner_mesh
 
     devices = aot.topology_devices(learner_cfg.topology)
     mesh = learner_mesh(learner_cfg.devices, learner_cfg.mesh, devices)
     parts, lora, _ = aot.abstract_model(hf, learner_cfg, mesh)
     batch = cfg.train.prompts_per_step * cfg.rollout.sampling.n
-    geo = aot.geometry(learner_cfg, batch, max_sequence, mesh.shape["fsdp"])
+    geo = aot.geometry(learner_cfg, batch, max_sequence, cfg.rollout.sampling.max_tokens, mesh.shape["fsdp"])
     s = cfg.rollout.sampling
-    compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo,
-                                       Sampling(s.temperature, s.top_k, s.top_p, s.min_p))
+    compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)))
     sizes = {k: aot.bytes_per_device(v) for k, v in state.items()}
     return mesh, geo, aot.analyse(compiled, state, geo), sizes, per_device(chip_for(learner_cfg.topology), devices)
+
+
+def _eos_ids(hf: dict) -> tuple[int, ...]:
+    """config.json's eos id(s): what min_tokens masks (no tokenizer files ship with the architecture facts)."""
+    eos = hf.get("eos_token_id")
+    return (eos,) if isinstance(eos, int) else tuple(eos or ())
 
 
 def _seconds(piece, chip) -> float:
