@@ -28,9 +28,13 @@ DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFOR
 
 
 def engine_interpreter(env_var: str, env_name: str) -> Path:
-    """An engine env's interpreter: $<env_var>, else $AHA_CACHE/envs/<env_name>/bin/python (AHA_CACHE ~/.cache/aha)."""
+    """An engine env's interpreter: $<env_var>, else this clone's .venv-<env_name> (what its setup linked), else
+    $AHA_CACHE/envs/<env_name>/bin/python (the machine's last-built one; AHA_CACHE defaults to ~/.cache/aha)."""
     if env := os.environ.get(env_var):
         return Path(env)
+    clone = Path(__file__).resolve().parents[1] / f".venv-{env_name}" / "bin" / "python"
+    if clone.exists():
+        return clone
     cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
     return cache / "envs" / env_name / "bin" / "python"
 

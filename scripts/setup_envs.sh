@@ -61,8 +61,9 @@ learner_dir=$(build_env $learner)
 engine_dir=$(build_env $engine)
 overlay "$learner_dir" "$ROOT/.venv"
 relink "$engine_dir" "$ROOT/.venv-vllm"
-# Another env or sidecar is one line here (and one in env_lib.sh's ENV_TABLE), e.g. a libtpu folder for preflight:
-#   relink "$(build_env libtpu)" "$ROOT/.venv-libtpu"
+# libtpu alone, as a folder (not in the CPU learner env: every JAX process would then print libtpu's warnings and
+# contend for its lock file): `orchestration.preflight` puts it on sys.path to compile for a TPU topology here.
+relink "$(build_env libtpu)" "$CACHE/envs/libtpu"
 if [ $TPU = 1 ]; then relink "$engine_dir" "$CACHE/envs/vllm"; fi  # the engine default interpreter's path
 # SGLang-JAX (rollout.backend.kind: sglang_jax) is optional: without it the vLLM path works.
 if [ $TPU = 0 ] && ! build_env sglang_jax >/dev/null 2>"$CACHE/envs/sglang_jax.log"; then
