@@ -82,7 +82,9 @@ class FaultHook:
             pgid = ray.get(self.parts.rollout.actor.pid.remote())
             os.killpg(pgid, signal.SIGKILL)
         elif action == "kill_learner":
-            ray.kill(self.parts.learner, no_restart=True)
+            # One process of a multi-host learner (learner.hosts > 1) is enough to stop the whole group.
+            actors = getattr(self.parts.learner, "actors", None) or [self.parts.learner]
+            ray.kill(actors[-1], no_restart=True)
 
 
 NO_FAULTS = FaultHook([])

@@ -29,6 +29,7 @@ import numpy as np
 import ray
 
 from learner.batch import TrainBatch
+from learner.group import LearnerProcessLost
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
 from orchestration.data import Prompt, PromptStream
@@ -152,6 +153,9 @@ def learner_get(ref: Any, what: str) -> Any:
     except ray.exceptions.RayActorError as exc:
         cause = str(exc).strip().splitlines()[0][:200]
         raise LearnerDied(f"the learner actor died during {what} ({cause})") from None
+    except LearnerProcessLost as exc:  # learner.hosts > 1: Ray re-raises the group's error as this type
+        cause = str(exc).strip().splitlines()[-1][:300]
+        raise LearnerDied(f"a learner process died during {what} ({cause})") from None
 
 
 def push_adapter(parts: Parts, version: int, fault: FaultHook = NO_FAULTS) -> float:
