@@ -12,8 +12,9 @@ kills the whole group at once and fails with one line saying so; the run then st
 the last checkpoint (a multi-controller JAX program cannot go on without a member, nor re-admit one).
 
 Placement: on TPU one bundle per learner host (`TPU` chips + CPUs) in a STRICT_SPREAD placement group, i.e. one
-process per host. `ray.util.tpu.SlicePlacementGroup` would reserve a whole slice, but the learner usually shares
-its slice with the engine replicas (some hosts each), so the group reserves only its own hosts. On CPU the actors
+process per host, reserved by the driver (orchestration/placement.py) and passed in. `ray.util.tpu.SlicePlacementGroup`
+would reserve a whole slice, but the learner usually shares its slice with the engine replicas (some hosts each), so
+only the learner's own hosts are reserved. On CPU the actors
 are local processes; each one's fake devices come from XLA_FLAGS in `runtime_env`.
 """
 
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from learner.actor import start_learner_actor
@@ -32,7 +32,6 @@ from learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)
 
-PLACEMENT_TIMEOUT_S = 600
 DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
 METHODS = ("step", "lora_tensors", "export_lora", "export_merged", "save", "restore", "devices")
 
@@ -116,14 +115,16 @@ class LearnerGroup:
 
 
 def start_learner(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None,
-                  runtime_env: dict[str, Any] | None = None):
+                  runtime_env: dict[str, Any] | None = None, placement: Any = None):
     """The learner as the driver sees it: one LearnerActor (hosts=1) or a LearnerGroup of `cfg.hosts` processes.
+
+    `placement`: a ready placement group with one bundle per host (the driver reserves it), or None (local processes).
 
     Returns at once; the processes connect and load the model in the background (calls queue behind that).
     """
     if cfg.hosts == 1:
         return start_learner_actor(cfg, model_path, checkpoint_dir, runtime_env)
-    pg = _host_placement(cfg)
+    pg = placement
     actors = []
     for i in range(cfg.hosts):
         strategy = None if pg is None else PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
@@ -135,19 +136,3 @@ def start_learner(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | N
     log.info("learner: %d processes, jax.distributed coordinator %s", cfg.hosts, coordinator)
     return LearnerGroup(actors, pg)
 
-
-def _host_placement(cfg: LearnerConfig):
-    """One bundle per learner host (STRICT_SPREAD) when the learner has accelerators; None on CPU (local processes)."""
-    r = cfg.resources
-    if not (r.tpu or r.num_gpus):
-        return None
-    bundle = {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {})}
-    pg = placement_group([dict(bundle) for _ in range(cfg.hosts)], strategy="STRICT_SPREAD", name="aha-learner")
-    try:
-        ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
-        ray.util.remove_placement_group(pg)
-        raise RuntimeError(f"learner.hosts={cfg.hosts} needs {cfg.hosts} distinct Ray nodes each with {bundle}, not "
-                           f"found in {PLACEMENT_TIMEOUT_S} s (cluster: {ray.cluster_resources()}); start Ray on every "
-                           "learner host or lower learner.hosts / learner.resources") from None
-    return pg

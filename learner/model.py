@@ -69,29 +69,20 @@ def tunix_config(hf: dict[str, Any], param_dtype: str = "float32", remat: bool =
     """The Tunix ModelConfig for an HF config dict (llama/qwen2/qwen3/gemma3)."""
     family = family_of(hf)
     dtype = DTYPES[param_dtype]
-    if family == "llama3":
-        from tunix.models.llama3 import model as m
-
-        _check_rope_scaling(hf)
-        return m.ModelConfig(
-            num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
-            hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=_head_dim(hf),
-            num_kv_heads=hf["num_key_value_heads"], rope_theta=_rope_theta(hf, 10000.0),
-            norm_eps=hf["rms_norm_eps"], weight_tying=bool(hf.get("tie_word_embeddings", False)),
-            remat_config=m.RematConfig.DECODER if remat else m.RematConfig.NONE,
-        )
-    if family in ("qwen2", "qwen3"):
+    if family in ("llama3", "qwen2", "qwen3"):
         import importlib
 
         m = importlib.import_module(f"tunix.models.{family}.model")
         _check_rope_scaling(hf)
+        tied = bool(hf.get("tie_word_embeddings", False))
+        # The two Tunix families name tied embeddings differently; Qwen's also takes the dtypes (Llama's infers them).
+        own = ({"weight_tying": tied} if family == "llama3"
+               else {"use_tied_embedding": tied, "dtype": dtype, "param_dtype": dtype})
         return m.ModelConfig(
             num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
             hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=_head_dim(hf),
-            num_kv_heads=hf["num_key_value_heads"], rope_theta=_rope_theta(hf, 1e6),
-            norm_eps=hf["rms_norm_eps"], use_tied_embedding=bool(hf.get("tie_word_embeddings", False)),
-            remat_config=m.RematConfig.DECODER if remat else m.RematConfig.NONE,
-            dtype=dtype, param_dtype=dtype,
+            num_kv_heads=hf["num_key_value_heads"], rope_theta=_rope_theta(hf, 10000.0 if family == "llama3" else 1e6),
+            norm_eps=hf["rms_norm_eps"], remat_config=m.RematConfig.DECODER if remat else m.RematConfig.NONE, **own,
         )
     return _gemma3_config(hf, dtype, remat)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import ray
 
 from orchestration.config import RayConfig, RunConfig
+from orchestration.placement import reserve_hosts
 from orchestration.resources import check_cluster_fits
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def start_learner(cfg: RunConfig, checkpoint_dir: Path):
     from learner.group import start_learner
 
     check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
-    return start_learner(cfg.learner, cfg.model.resolved_path, checkpoint_dir)
+    placement = reserve_hosts(cfg.learner.resources, cfg.learner.hosts, "learner", "hosts")
+    return start_learner(cfg.learner, cfg.model.resolved_path, checkpoint_dir, placement=placement)
 
 
 def start_rollout(cfg: RunConfig):
@@ -52,7 +54,8 @@ def start_rollout(cfg: RunConfig):
     every engine answers /health."""
     from rollout.fleet import setup_rollout
 
-    rollout = setup_rollout(cfg.rollout, cfg.model.resolved_path)
+    placement = reserve_hosts(cfg.rollout.resources, cfg.rollout.replicas, "rollout", "replicas")
+    rollout = setup_rollout(cfg.rollout, cfg.model.resolved_path, placement)
     base_url = rollout.start()
     log.info("rollout server (%s, %d replica(s)) ready at %s", cfg.rollout.backend.kind, cfg.rollout.replicas,
              base_url)

@@ -13,8 +13,8 @@ replica. The fleet adds:
 - per-replica metrics (`metrics()`): requests, tokens/s while generating, restarts.
 
 On a TPU slice each replica asks for its chips through `rollout.resources`; with accelerators the replicas are
-placed one per bundle of a STRICT_SPREAD placement group (one replica per host, or per chip group when a host's
-chips are split across bundles).
+placed one per bundle of a STRICT_SPREAD placement group that the driver reserves (orchestration/placement.py): one
+replica per host, or per chip group when a host's chips are split across bundles.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from rollout.handle import Rollout
 from rollout.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
-PLACEMENT_TIMEOUT_S = 600
 
 
 def is_replica_failure(err: BaseException) -> bool:
@@ -264,27 +263,11 @@ class RolloutFleet:
         return ",".join(r.rollout.restart() for r in self.replicas)
 
 
-def setup_rollout(cfg: RolloutConfig, model_path: Path) -> Rollout | RolloutFleet:
-    """One `Rollout` (replicas=1) or a `RolloutFleet`; with accelerators the fleet's replicas get one placement
-    bundle each (STRICT_SPREAD: distinct hosts). Not started."""
+def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None) -> Rollout | RolloutFleet:
+    """One `Rollout` (replicas=1) or a `RolloutFleet`; `placement` (reserved by the driver) gives each replica one
+    bundle of a placement group (distinct hosts), None puts them wherever Ray likes. Not started."""
     if cfg.replicas == 1:
         return Rollout(cfg, model_path)
-    r = cfg.resources
-    placement = None
-    if r.tpu or r.num_gpus:
-        import ray
-        from ray.util.placement_group import placement_group
-
-        bundle = {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {})}
-        placement = placement_group([dict(bundle) for _ in range(cfg.replicas)], strategy="STRICT_SPREAD",
-                                    name="aha-rollout")
-        try:
-            ray.get(placement.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            ray.util.remove_placement_group(placement)
-            raise RuntimeError(f"rollout.replicas={cfg.replicas} needs {cfg.replicas} distinct Ray nodes each with "
-                               f"{bundle}, not found in {PLACEMENT_TIMEOUT_S} s (cluster: {ray.cluster_resources()}); "
-                               "start Ray on every engine host or lower rollout.replicas / rollout.resources") from None
     return RolloutFleet(cfg, model_path, placement=placement)
 
     # ---- events and metrics ----------------------------------------------------------------------------------
