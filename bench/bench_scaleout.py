@@ -34,7 +34,7 @@ from learner.config import LearnerConfig  # noqa: E402
 from orchestration.prepare_model import TINY, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.fleet import RolloutFleet  # noqa: E402
-from rollout.types import SamplingParams  # noqa: E402
+from rollout.sampling import SamplingParams  # noqa: E402
 
 
 def tokens_per_s(generate, prompts: list[list[int]], params: SamplingParams) -> float:

@@ -34,7 +34,7 @@ from rollout.client import RolloutClient  # noqa: E402
 from rollout.config import ClientConfig, VllmConfig  # noqa: E402
 from rollout.sglang_jax_config import SglangJaxConfig  # noqa: E402
 from rollout.sglang_jax_server import SglangJaxBackend  # noqa: E402
-from rollout.types import SamplingParams  # noqa: E402
+from rollout.sampling import SamplingParams  # noqa: E402
 from rollout.vllm_server import VllmBackend  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
 from rollout.capabilities import OFF, active, engine_caps, logprobs_mode
 from rollout.config import RolloutConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 
 class Strict(BaseModel):

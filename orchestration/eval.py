@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from orchestration.config import ConfigError, RunConfig, format_validation_error, load_config
 from orchestration.data import Prompt
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 log = logging.getLogger("orchestration.eval")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestration.data import DataConfig, Prompt, setup_dataset
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 TASK_REWARDS = ("countdown", "math_answer")
 CHUNK_PROMPTS = 16

@@ -42,7 +42,7 @@ from rewards.registry import RewardSet
 from rewards.types import Sample
 from rollout.capabilities import engine_caps
 from rollout.handle import Rollout
-from rollout.types import Completion
+from rollout.sampling import Completion
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,6 @@ imports vllm, torch, jax or ray: the engine runs as a subprocess from its own en
 """
 
 from rollout.config import ClientConfig, RolloutConfig, RolloutResources, VllmConfig
-from rollout.types import Completion, SamplingParams
+from rollout.sampling import Completion, SamplingParams
 
 __all__ = ["ClientConfig", "Completion", "RolloutConfig", "RolloutResources", "SamplingParams", "VllmConfig"]

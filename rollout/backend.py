@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollout.config import BackendConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 
 class RolloutBackend(Protocol):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rollout.engine_config import EngineConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 # The value at which each sampling transform is a no-op. These are the fields whose being ignored changes the
 # distribution; n, max_tokens, stop, logprobs and the other fields are honoured by every engine below.

@@ -18,7 +18,7 @@ import httpx
 
 from rollout.backend import RolloutBackend
 from rollout.config import ClientConfig
-from rollout.types import Completion, SamplingParams
+from rollout.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

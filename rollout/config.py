@@ -16,7 +16,7 @@ from rollout.capabilities import check_platform_resources, check_sampling
 from rollout.engine_config import EngineConfig, Strict
 from rollout.server_process import engine_interpreter
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 
 def default_engine_python() -> Path:

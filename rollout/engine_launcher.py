@@ -8,8 +8,8 @@ was seen to linger as an orphan. This launcher is the process-group leader: it a
 for SIGTERM when their parent dies (a SIGTERMed API server shuts its engine core down), and on SIGTERM or when the
 server exits the launcher stops every process of its group (SIGTERM, then SIGKILL).
 
-Runs in the engine's interpreter (Python 3.11, stdlib only). `-I` keeps this folder off sys.path (its `types.py`
-would shadow the standard library's).
+Runs in the engine's interpreter (Python 3.11, stdlib only). `-I` keeps this folder (our modules) and PYTHONPATH
+off sys.path, so the engine imports only its own env's packages.
 """
 
 import ctypes

@@ -34,7 +34,7 @@ import ray
 from rollout.client import ServerUnavailable
 from rollout.config import RolloutConfig
 from rollout.handle import Rollout
-from rollout.types import Completion, SamplingParams
+from rollout.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

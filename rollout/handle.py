@@ -27,7 +27,7 @@ from rollout.actor import adapter_name, setup_rollout_server
 from rollout.backend import setup_backend
 from rollout.client import RolloutClient, ServerUnavailable
 from rollout.config import RolloutConfig
-from rollout.types import Completion, SamplingParams
+from rollout.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

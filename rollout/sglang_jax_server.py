@@ -22,7 +22,7 @@ from typing import Any
 from rollout.capabilities import check_sampling
 from rollout.server_process import DROP_ENV, ServerProcess
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class SglangJaxBackend(ServerProcess):
 
         c = self.cfg
         cmd = [
-            # -P: do not put rollout/ on sys.path, where our types.py would shadow the standard library's.
+            # -P: keep rollout/ off sys.path (the entry puts the repo root there and imports `rollout.*` as a package).
             str(c.interpreter), "-P", str(ENTRY), "--model", str(self.model_path), "--workdir", str(self.workdir),
             "--host", c.host, "--port", str(port), "--served-model-name", c.served_model_name,
             "--device", c.platform, "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),

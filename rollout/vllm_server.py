@@ -26,7 +26,7 @@ from rollout.capabilities import check_sampling
 from rollout.config import VllmConfig
 from rollout.engine_config import cli_flags
 from rollout.server_process import DROP_ENV, ServerProcess
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

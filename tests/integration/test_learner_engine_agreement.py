@@ -22,7 +22,7 @@ from learner.learner import Learner
 from learner.sampling import SamplingTransform, model_eos_ids
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 from conftest import running_rollout
 from orchestration.tiny_models import TINY_FAMILIES
 

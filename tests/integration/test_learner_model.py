@@ -1,6 +1,6 @@
 """The NNX model (Tunix classes, our config mapping and rope fix) against transformers' logits.
 
-Reference logits come from the engine env (`learner/reference.py`, transformers in float32), for each family's
+Reference logits come from the engine env (`tests/integration/hf_logits_oracle.py`, transformers in float32), for each family's
 tiny random model (its quirks: qwen2 biases, qwen3 q/k norms, gemma3 sliding windows, query scaling, rope bases)
 and SmolLM2. Tunix 0.1.7 runs llama3/qwen3 with rope_theta 1e6 whatever the config says, and gemma3 with a fixed
 5 local : 1 global layer pattern; with our fixes the logits match to <= 1e-3. The unfixed model is checked too,
@@ -21,11 +21,11 @@ from learner.model import forward_logits, load_model
 from orchestration.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
-REFERENCE = Path(__file__).resolve().parents[2] / "learner" / "reference.py"
+REFERENCE = Path(__file__).resolve().with_name("hf_logits_oracle.py")
 
 
 def reference_logits(engine_python: Path, model_dir: Path, tokens: np.ndarray, tmp_path: Path, **extra) -> dict:
-    """Run learner/reference.py in the engine env; returns its npz as a dict."""
+    """Run tests/integration/hf_logits_oracle.py in the engine env; returns its npz as a dict."""
     inp, out = tmp_path / "tokens.npz", tmp_path / "ref.npz"
     np.savez(inp, tokens=tokens)
     cmd = [str(engine_python), str(REFERENCE), str(model_dir), str(inp), str(out)]

@@ -19,7 +19,7 @@ from orchestration.metrics import read_metrics
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.fleet import RolloutFleet
 from rollout.peft_layout import random_peft_adapter
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 from test_train_e2e import CONFIG, ROOT, TINY, assert_finite_rows, clean_env, train_cmd
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from rollout.client import RolloutClient, ServerUnavailable
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.peft_layout import random_peft_adapter
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
 from conftest import running_rollout
 

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.handle import Rollout
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 from conftest import running_rollout
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ from rollout.config import ClientConfig, VllmConfig
 from rollout.peft_layout import random_peft_adapter
 from rollout.sglang_jax_config import SglangJaxConfig, default_sglang_python
 from rollout.sglang_jax_server import SglangJaxBackend
-from rollout.types import Completion, SamplingParams
+from rollout.sampling import Completion, SamplingParams
 from rollout.vllm_server import VllmBackend
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from rollout.capabilities import check_sampling
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.sglang_jax_engine import lora_merge, patches, wire
 from rollout.sglang_jax_server import SglangJaxBackend
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 
 def test_config_defaults_and_interpreter(monkeypatch, tmp_path):

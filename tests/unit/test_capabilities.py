@@ -14,7 +14,7 @@ from orchestration.config import ConfigError, load_config
 from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
 from rollout.config import VllmConfig
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
 
 ROOT = Path(__file__).resolve().parents[2]

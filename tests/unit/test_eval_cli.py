@@ -12,7 +12,7 @@ from orchestration import eval as eval_cli
 from orchestration.config import ConfigError
 from orchestration.data import DataConfig, setup_dataset
 from orchestration.heldout import PolicyScores, eval_prompts, eval_sampling
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from rollout.backend import setup_backend
 from rollout.config import RolloutConfig, VllmConfig
-from rollout.types import SamplingParams
+from rollout.sampling import SamplingParams
 
 ALL_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
               "frequency_penalty", "stop", "stop_token_ids", "seed", "n", "max_tokens", "min_tokens", "logprobs",

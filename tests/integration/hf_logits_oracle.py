@@ -1,7 +1,7 @@
-"""Reference logits from transformers (+ peft): what the learner's NNX model must reproduce.
+"""Test oracle: reference logits from transformers (+ peft), what the learner's NNX model must reproduce.
 
 Runs in the engine env (torch, transformers, peft), as a script, never imported by the learner:
-    python learner/reference.py MODEL_DIR_OR_GGUF IN.npz OUT.npz [--adapter DIR] [--merged DIR]
+    python tests/integration/hf_logits_oracle.py MODEL_DIR_OR_GGUF IN.npz OUT.npz [--adapter DIR] [--merged DIR]
 IN.npz holds `tokens` [B, L] (int); OUT.npz gets `base` (the model alone), and `adapter` (peft with the
 adapter) / `merged` (a merged HF folder) when asked: float32 logits [B, L, V]. Python 3.11, no jax.
 """
