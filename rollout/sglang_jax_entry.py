@@ -3,8 +3,8 @@
     $AHA_CACHE/envs/sglang_jax/bin/python -P rollout/sglang_jax_entry.py --model DIR --port P [--device cpu ...]
 
 What it serves and why it wraps the engine instead of `sgl_jax.launch_server`: rollout/sglang_jax_engine/__init__.py.
-`-P` keeps rollout/ off sys.path (its modules would shadow the standard library's); the repository root goes on it
-instead, so the engine modules import as `rollout.sglang_jax_engine.*`.
+`-P` keeps rollout/ itself off sys.path; the repository root goes on it instead, so the engine modules import as
+`rollout.sglang_jax_engine.*`.
 """
 
 import argparse
