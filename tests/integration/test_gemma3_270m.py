@@ -16,7 +16,7 @@ from orchestration.prepare_model import GEMMA3_270M, model_dir
 from test_learner_model import reference_logits
 
 pytestmark = pytest.mark.integration
-PROMPT = "The capital of France is"
+PROMPT = "The Eiffel Tower is in the city of"  # greedy: " Paris" with <bos> first (rank 103 without it)
 
 
 @pytest.fixture(scope="module")
