@@ -132,8 +132,8 @@ def _gemma3_tokens(model, tok) -> None:
 
     Its tokenizer also comes out without `add_bos_token`: Gemma is trained with <bos> first and without it greedy
     text loses its knowledge ("The Eiffel Tower is in the city of": " Paris" is top-1 with <bos>, rank 103 without),
-    so plain text gets <bos> as upstream's
-    tokenizer gives it (the chat template writes its own <bos>; prompts.py encodes that without special tokens).
+    so plain text gets <bos> as upstream's tokenizer gives it (the chat template writes its own <bos>; prompts.py
+    encodes that without special tokens).
     """
     tok.eos_token, tok.pad_token, tok.bos_token = GEMMA_EOS, "<pad>", "<bos>"
     tok.add_bos_token = True
