@@ -108,7 +108,10 @@ PENALTIES = {
     "frequency": dict(frequency_penalty=0.6),
     "min_tokens": dict(min_tokens=MAX_TOKENS),
 }
-PENALTY_VACUITY_FLOOR = 1e-2
+# The tiny random model spreads its mass thinly, so a penalty moves the sampled tokens' logprobs only a little
+# (measured unmodelled gaps: presence 2.5e-3, min_tokens 1.3e-4 per token, vs ~4e-6 modelled): the vacuity check
+# asks that leaving the penalty out multiplies the mismatch at least this much, i.e. that it is far above noise.
+PENALTY_VACUITY_RATIO = 10.0
 
 
 def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[TrainBatch, TrainBatch]:
@@ -144,4 +147,5 @@ def test_engine_logprobs_under_penalties_match_the_learner(rollout, learner, fam
     print(f"\n{learner.family} {sampling}: learner vs engine {diff:.2e}/token modelled, {gap:.2e}/token without the modelling")
     assert np.isfinite(diff) and diff <= TOLERANCE, (
         f"under {sampling} the learner's logprobs differ from the engine's by {diff:.2e} per token (> {TOLERANCE})")
-    assert gap >= PENALTY_VACUITY_FLOOR, f"without modelling {sampling} the gap is only {gap:.2e}: vacuous"
+    assert gap >= PENALTY_VACUITY_RATIO * diff, (
+        f"without modelling {sampling} the gap is only {gap:.2e} vs {diff:.2e} modelled: the check is vacuous")
