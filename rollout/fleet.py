@@ -263,13 +263,6 @@ class RolloutFleet:
         return ",".join(r.rollout.restart() for r in self.replicas)
 
 
-def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None) -> Rollout | RolloutFleet:
-    """One `Rollout` (replicas=1) or a `RolloutFleet`; `placement` (reserved by the driver) gives each replica one
-    bundle of a placement group (distinct hosts), None puts them wherever Ray likes. Not started."""
-    if cfg.replicas == 1:
-        return Rollout(cfg, model_path)
-    return RolloutFleet(cfg, model_path, placement=placement)
-
     # ---- events and metrics ----------------------------------------------------------------------------------
     def _record(self, event: str) -> None:
         log.warning("%s", event)
@@ -294,3 +287,11 @@ def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None) -
             out[f"rollout/replica{r.index}/tokens_per_s"] = r.tokens / r.busy_s if r.busy_s else 0.0
             out[f"rollout/replica{r.index}/restarts"] = float(r.restarts)
         return out
+
+
+def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None) -> Rollout | RolloutFleet:
+    """One `Rollout` (replicas=1) or a `RolloutFleet`; `placement` (reserved by the driver) gives each replica one
+    bundle of a placement group (distinct hosts), None puts them wherever Ray likes. Not started."""
+    if cfg.replicas == 1:
+        return Rollout(cfg, model_path)
+    return RolloutFleet(cfg, model_path, placement=placement)
