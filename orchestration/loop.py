@@ -155,7 +155,7 @@ def learner_get(ref: Any, what: str) -> Any:
         cause = str(exc).strip().splitlines()[0][:200]
         raise LearnerDied(f"the learner actor died during {what} ({cause})") from None
     except LearnerProcessLost as exc:  # learner.hosts > 1: Ray re-raises the group's error as this type
-        cause = str(exc).strip().splitlines()[-1][:300]
+        cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
         raise LearnerDied(f"a learner process died during {what} ({cause})") from None
 
 
