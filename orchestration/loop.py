@@ -123,7 +123,7 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook
         "rollout/restarts": len(parts.rollout.events) - events_before,
         "timing/generate": t_gen,
         "timing/score": t_score,
-        **(parts.rollout.metrics() if hasattr(parts.rollout, "metrics") else {}),  # per replica (rollout.replicas > 1)
+        **parts.rollout.metrics(),  # per replica when rollout.replicas > 1
     }
     return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics,
                     list(result.totals))

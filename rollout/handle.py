@@ -138,6 +138,10 @@ class Rollout:
         self.version = version
         return time.perf_counter() - t0
 
+    def metrics(self) -> dict[str, float]:
+        """Per-replica figures; one server has none beyond the step's own (`RolloutFleet.metrics` has them)."""
+        return {}
+
     def restart(self) -> str:
         """Restart the server (the current adapter is re-loaded); return its base_url."""
         import ray
