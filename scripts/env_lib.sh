@@ -63,13 +63,20 @@ relink() {  # relink TARGET LINK: point LINK at TARGET atomically (rename over t
   ln -sfn "$1" "$2.tmp.$$" && mv -T "$2.tmp.$$" "$2"
 }
 
+# How an env is installed, beyond its lock: part of the env's key, so a change here rebuilds cached envs.
+# --compile-bytecode: uv writes no .pyc by default, and with PYTHONDONTWRITEBYTECODE=1 (set on this machine and CI)
+# Python never writes them either, so every process (each vLLM server spawns two more, each Ray worker, each test
+# subprocess) compiled torch/vllm/jax from source on import: measured 25-35 s per vLLM process start on 2 cores.
+INSTALL_RECIPE="uv-sync compile-bytecode"
+
 install_lock() {  # install_lock KIND PYTHON LOCK DEST [uv args]: DEST = exactly the lock's packages (no resolution)
   local kind=$1 python=$2 lock=$3 dest=$4; shift 4
   if [ "$kind" = target ]; then  # a plain folder of packages (e.g. a libtpu sidecar), no interpreter of its own
-    "$(uv_bin)" pip install --quiet --target "$dest" --python "$python" --require-hashes --no-deps "$@" -r "$lock" >&2
+    "$(uv_bin)" pip install --quiet --compile-bytecode --target "$dest" --python "$python" --require-hashes --no-deps \
+      "$@" -r "$lock" >&2
   else
     "$(uv_bin)" venv --quiet --relocatable --python "$python" "$dest" >&2 &&
-      "$(uv_bin)" pip sync --quiet --python "$dest/bin/python" --require-hashes "$@" "$lock" >&2
+      "$(uv_bin)" pip sync --quiet --compile-bytecode --python "$dest/bin/python" --require-hashes "$@" "$lock" >&2
   fi
 }
 
@@ -78,7 +85,7 @@ build_env() {  # build_env NAME -> prints $CACHE/envs/NAME-<hash>, building it f
   local name=$1 lock="$ROOT/requirements/$1.lock" py kind hash dir tmp python links=()
   py=$(env_field "$name" 2); kind=$(env_field "$name" 4)
   [ -f "$lock" ] || { echo "setup: $lock missing; run \`bash scripts/lock.sh $name\`" >&2; return 1; }
-  hash=$( (cat "$lock"; echo "$py $kind") | sha256sum | cut -c1-12)
+  hash=$( (cat "$lock"; echo "$py $kind $INSTALL_RECIPE") | sha256sum | cut -c1-12)
   dir="$CACHE/envs/$name-$hash"
   if [ ! -f "$dir/.complete" ]; then
     if grep -q '^torch==.*+cpu' "$lock"; then torch_wheels_or_fail || return 1; links=(--find-links "$TORCH_WHEELS"); fi
