@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from orchestration.config import RunConfig, WandbConfig
 
 log = logging.getLogger(__name__)
-WANDB_SETUP = ".venv/bin/python -m pip install 'wandb==0.31.0'"
+WANDB_SETUP = "bash scripts/setup_envs.sh"  # requirements/learner.lock pins wandb
 
 
 def _finite(value: Any) -> Any:
@@ -104,7 +104,12 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
+            import wandb
+
             self._wandb.finish()
+            # finish() can return before wandb's service process has written the run's records (seen: an offline
+            # run file holding only its header); teardown waits for that process, so the files are whole on return.
+            wandb.teardown()
         if self._bar is not None:
             self._bar.close()
 
@@ -121,8 +126,8 @@ def open_wandb(cfg: WandbConfig, run_dir: Path, run_config: dict):
     try:
         import wandb
     except ImportError:
-        raise RuntimeError(f"logging.wandb is set but the wandb package is missing: {WANDB_SETUP} (the pin "
-                           "belongs in requirements/learner.txt), or set logging.wandb: null") from None
+        raise RuntimeError(f"logging.wandb is set but the wandb package is missing from this env (not built from "
+                           f"requirements/learner.lock): run `{WANDB_SETUP}`, or set logging.wandb: null") from None
     return wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name or run_dir.resolve().name, mode=cfg.mode,
                       dir=str(run_dir), config=run_config)
 

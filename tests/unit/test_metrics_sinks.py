@@ -37,7 +37,6 @@ def test_missing_wandb_is_one_line_naming_the_setup_command(tmp_path, monkeypatc
 
 
 def test_wandb_offline_run_files_hold_the_logged_keys(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb not in this env; pin wandb==0.31.0 in requirements/learner.txt")
     monkeypatch.setenv("WANDB_SILENT", "true")
     m = MetricsLog(tmp_path, total_steps=2, tensorboard=False, progress="off",
                    wandb=WandbConfig(project="aha-test", mode="offline"), run_config={"train": {"steps": 2}})
