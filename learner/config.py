@@ -148,6 +148,10 @@ class LearnerConfig(Strict):
     and min_tokens need > 0). 0 = the dense reference: full [micro_batch, L, vocab] fp32 logits, as before."""
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
+    compile_cache: bool = True
+    """Keep compiled step pieces on disk (JAX's persistent compilation cache, $AHA_CACHE/jax_cache/learner, at
+    most 2 GiB, least recently used first out): a resumed or repeated run skips recompiling its step, which takes
+    minutes for a large model on TPU."""
     checkpoint_keep: int = Field(3, ge=1)
     """Keep the last N checkpoints."""
     seed: int = 0

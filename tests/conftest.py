@@ -24,6 +24,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from learner.actor import use_compile_cache  # noqa: E402  (imports jax: after the settings above)
+
+# In-process learners share the persistent compile cache the training runs' learner actors use (learner.compile_cache).
+use_compile_cache()
+
 SETUP_HINT = "run `bash scripts/setup_envs.sh` first (it builds the envs and the local models)"
 
 
