@@ -193,6 +193,8 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(interrupted_th
     run_dir, _ = interrupted_then_resumed
     got, want = read_metrics(run_dir), read_metrics(uninterrupted)
     assert [r["step"] for r in want] == list(range(1, STEPS + 1))
+    gaps = [r["learner/logprob_abs_diff"] for r in want]
+    assert max(gaps) <= 1e-3, f"tiny-llama: learner vs engine logprobs differ by {max(gaps):.2e} per token"
     for g, w in zip(got, want, strict=True):
         for key in ("reward/total", "rollout/completion_len_mean", "rollout/completion_len_max",
                     "rollout/truncated_frac"):

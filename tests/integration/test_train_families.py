@@ -25,7 +25,8 @@ def family_args(family: str) -> list[str]:
     return [a for a in TINY if not a.startswith("model.path=")] + [f"model.path={tiny_name(family)}", "train.steps=2"]
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+# tiny-llama goes through the same loop in test_train_e2e.py (its uninterrupted run asserts the same bound).
+@pytest.mark.parametrize("family", [f for f in TINY_FAMILIES if f != "llama"])
 def test_two_grpo_steps_with_learner_and_engine_in_agreement(family, tiny_family_dir, tmp_path):
     from transformers import AutoTokenizer
 
