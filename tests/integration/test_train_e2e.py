@@ -293,8 +293,13 @@ def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> N
     raise AssertionError(f"Ray dashboard on port {port} not up after {timeout_s} s")
 
 
-def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
-    """`ray job submit` against a cluster this test starts (own ports and temp dir, stopped by process group)."""
+# What test_replicas.py runs under `python -m orchestration.train`: two engine replicas and two learner processes.
+SCALED_OUT = ["rollout.replicas=2", "learner.hosts=2", "rollout.backend.kv_cache_space_gb=1", "train.steps=3"]
+
+
+def test_ray_job_submit_runs_three_scaled_out_steps(tmp_path, tiny_model_dir):
+    """`ray job submit` against a cluster this test starts (own ports and temp dir, stopped by process group), with
+    2 engine replicas and 2 learner processes: the job's driver joins the cluster it is submitted to."""
     venv_bin = str(Path(sys.executable).parent)
     env = clean_env() | {"PATH": venv_bin + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0",
                          "RAY_AUTH_MODE": "disabled"}  # a private loopback cluster; Ray 2.60 defaults to token auth
@@ -302,7 +307,7 @@ def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
     # Ray's unix sockets live under the temp dir and their paths must stay under 108 bytes: pytest's are too long.
     ray_tmp = tempfile.mkdtemp(prefix="aha-ray-", dir="/tmp")
     head = subprocess.Popen(
-        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus=4", f"--port={free_port()}",
+        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus=5",  # 2 replicas + 2 learners + driver f"--port={free_port()}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}",
          f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
          f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
@@ -316,7 +321,7 @@ def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
         job = subprocess.run(
             [f"{venv_bin}/ray", "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(ROOT),
              "--runtime-env-json", excludes, "--", "python", "-m", "orchestration.train", "--config",
-             "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir), *TINY, "train.steps=2"],
+             "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir), *TINY, *SCALED_OUT],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
         assert job.returncode == 0, f"ray job submit failed:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"
         assert "succeeded" in job.stdout.lower(), job.stdout[-3000:]
@@ -330,5 +335,7 @@ def test_ray_job_submit_runs_two_steps(tmp_path, tiny_model_dir):
                 os.killpg(head.pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert_finite_rows(rows)
+    # Both replicas served (requests are cumulative since the fleet started).
+    assert all(rows[-1][f"rollout/replica{i}/requests"] > 0 for i in (0, 1)), rows[-1]
