@@ -18,6 +18,7 @@ import ray
 from orchestration import cluster, signals
 from orchestration.config import RunConfig
 from orchestration.data import PromptStream, setup_dataset
+from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
@@ -120,6 +121,8 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
             save_on_stop(parts, state)
         log.error("%s", stop_line(exc, where, state, run_dir))
         raise
+    except EngineMismatchError:
+        raise  # its update was made against another model than the engine's: keep nothing (no row, no checkpoint)
     except BaseException:
         if parts is not None and state is not None:
             save_on_stop(parts, state)
