@@ -297,9 +297,10 @@ def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> N
 SCALED_OUT = ["rollout.replicas=2", "learner.hosts=2", "rollout.backend.kv_cache_space_gb=1", "train.steps=3"]
 
 
-def test_ray_job_submit_runs_three_scaled_out_steps(tmp_path, tiny_model_dir):
+def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp_path, tiny_model_dir):
     """`ray job submit` against a cluster this test starts (own ports and temp dir, stopped by process group), with
-    2 engine replicas and 2 learner processes: the job's driver joins the cluster it is submitted to."""
+    2 engine replicas and 2 learner processes (the job's driver joins the cluster it is submitted to); one replica is
+    killed after step 1 and the run finishes with no step lost while the other keeps serving."""
     venv_bin = str(Path(sys.executable).parent)
     env = clean_env() | {"PATH": venv_bin + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0",
                          "RAY_AUTH_MODE": "disabled"}  # a private loopback cluster; Ray 2.60 defaults to token auth
@@ -317,7 +318,8 @@ def test_ray_job_submit_runs_three_scaled_out_steps(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     try:
         wait_for_dashboard(head, dash, timeout_s=180)
-        excludes = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", "runs", "*.pyc"]})
+        excludes = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", "runs", "*.pyc"],
+                               "env_vars": {"AHA_FAULT": "between:kill_engine@1"}})  # one replica only
         job = subprocess.run(
             [f"{venv_bin}/ray", "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(ROOT),
              "--runtime-env-json", excludes, "--", "python", "-m", "orchestration.train", "--config",
@@ -335,7 +337,10 @@ def test_ray_job_submit_runs_three_scaled_out_steps(tmp_path, tiny_model_dir):
                 os.killpg(head.pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost to the replica restart"
     assert_finite_rows(rows)
+    assert sum(r["rollout/restarts"] for r in rows) >= 1, "the replica restart was not recorded in metrics"
+    assert [r["rollout/adapter_version"] for r in rows] == [1, 2, 3]
+    assert (run_dir / "adapter" / "adapter_model.safetensors").exists(), "process 0 did not export the adapter"
     # Both replicas served (requests are cumulative since the fleet started).
     assert all(rows[-1][f"rollout/replica{i}/requests"] > 0 for i in (0, 1)), rows[-1]
