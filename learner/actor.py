@@ -16,20 +16,6 @@ import ray
 from learner.config import LearnerConfig
 
 
-COMPILE_CACHE_BYTES = 2 << 30
-
-
-def use_compile_cache() -> None:
-    """Turn on JAX's persistent compilation cache for this process (before its first compile)."""
-    import os
-
-    import jax
-
-    root = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
-    jax.config.update("jax_compilation_cache_dir", str(root / "jax_cache" / "learner"))
-    jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_BYTES)
-
-
 class LearnerWorker:
     """The actor body: builds the Learner in the actor process (JAX is imported there, not in the driver).
 
@@ -43,8 +29,6 @@ class LearnerWorker:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        if cfg.compile_cache:
-            use_compile_cache()
         self._args = (cfg, Path(model_path), Path(checkpoint_dir) if checkpoint_dir else None)
         self.learner = None
         if num_processes == 1:

@@ -14,9 +14,24 @@ import ray
 
 from orchestration.config import RayConfig, RunConfig
 from orchestration.placement import reserve_hosts
+from orchestration.prepare_model import cache_dir
 from orchestration.resources import check_cluster_fits
 
 log = logging.getLogger(__name__)
+COMPILE_CACHE_BYTES = 2 << 30  # learner.compile_cache's bound; JAX evicts the least recently used entries past it
+
+
+def compile_cache_dir() -> Path:
+    """Where learner processes keep compiled step pieces (JAX's persistent compilation cache)."""
+    return cache_dir() / "jax_cache" / "learner"
+
+
+def learner_runtime_env(cfg: RunConfig) -> dict | None:
+    """The learner processes' runtime_env: JAX's own cache variables when learner.compile_cache is on."""
+    if not cfg.learner.compile_cache:
+        return None
+    return {"env_vars": {"JAX_COMPILATION_CACHE_DIR": str(compile_cache_dir()),
+                         "JAX_COMPILATION_CACHE_MAX_SIZE": str(COMPILE_CACHE_BYTES)}}
 
 
 def connect(cfg: RunConfig) -> bool:
@@ -46,7 +61,8 @@ def start_learner(cfg: RunConfig, checkpoint_dir: Path):
 
     check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
     placement = reserve_hosts(cfg.learner.resources, cfg.learner.hosts, "learner", "hosts")
-    return start_learner(cfg.learner, cfg.model.resolved_path, checkpoint_dir, placement=placement)
+    return start_learner(cfg.learner, cfg.model.resolved_path, checkpoint_dir, learner_runtime_env(cfg),
+                         placement=placement)
 
 
 def start_rollout(cfg: RunConfig):

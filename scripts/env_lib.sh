@@ -66,7 +66,7 @@ relink() {  # relink TARGET LINK: point LINK at TARGET atomically (rename over t
 # How an env is installed, beyond its lock: part of the env's key, so a change here rebuilds cached envs.
 # --compile-bytecode: uv writes no .pyc by default, and with PYTHONDONTWRITEBYTECODE=1 (set on this machine and CI)
 # Python never writes them either, so every process (each vLLM server spawns two more, each Ray worker, each test
-# subprocess) compiled torch/vllm/jax from source on import: measured 25-35 s per vLLM process start on 2 cores.
+# subprocess) compiled torch/vllm/jax from source on import (README: a vLLM server's start, bench/bench_engine_start.py).
 INSTALL_RECIPE="uv-sync compile-bytecode"
 
 install_lock() {  # install_lock KIND PYTHON LOCK DEST [uv args]: DEST = exactly the lock's packages (no resolution)

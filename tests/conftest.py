@@ -24,10 +24,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from learner.actor import use_compile_cache  # noqa: E402  (imports jax: after the settings above)
+import jax  # noqa: E402  (after the settings above)
 
-# In-process learners share the persistent compile cache the training runs' learner actors use (learner.compile_cache).
-use_compile_cache()
+from orchestration.cluster import COMPILE_CACHE_BYTES, compile_cache_dir  # noqa: E402
+
+# In-process learners share the persistent compile cache the training runs' learner actors use (learner.compile_cache);
+# set here, not through JAX's env vars, which the SGLang-JAX servers the tests start would inherit.
+jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir()))
+jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_BYTES)
 
 SETUP_HINT = "run `bash scripts/setup_envs.sh` first (it builds the envs and the local models)"
 

@@ -293,7 +293,7 @@ def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> N
     raise AssertionError(f"Ray dashboard on port {port} not up after {timeout_s} s")
 
 
-# What test_replicas.py runs under `python -m orchestration.train`: two engine replicas and two learner processes.
+# Two engine replicas and two learner processes (test_replicas.py tests the fleet itself).
 SCALED_OUT = ["rollout.replicas=2", "learner.hosts=2", "rollout.backend.kv_cache_space_gb=1", "train.steps=3"]
 
 
@@ -308,7 +308,8 @@ def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp
     # Ray's unix sockets live under the temp dir and their paths must stay under 108 bytes: pytest's are too long.
     ray_tmp = tempfile.mkdtemp(prefix="aha-ray-", dir="/tmp")
     head = subprocess.Popen(
-        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus=5",  # 2 replicas + 2 learners + driver f"--port={free_port()}",
+        # 5 CPUs: 2 replicas + 2 learner processes + the job's driver.
+        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus=5", f"--port={free_port()}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}",
          f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
          f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
@@ -318,11 +319,11 @@ def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp
     run_dir = tmp_path / "run"
     try:
         wait_for_dashboard(head, dash, timeout_s=180)
-        excludes = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", "runs", "*.pyc"],
-                               "env_vars": {"AHA_FAULT": "between:kill_engine@1"}})  # one replica only
+        runtime_env = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", "runs", "*.pyc"],
+                                  "env_vars": {"AHA_FAULT": "between:kill_engine@1"}})  # one replica only
         job = subprocess.run(
             [f"{venv_bin}/ray", "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(ROOT),
-             "--runtime-env-json", excludes, "--", "python", "-m", "orchestration.train", "--config",
+             "--runtime-env-json", runtime_env, "--", "python", "-m", "orchestration.train", "--config",
              "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir), *TINY, *SCALED_OUT],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
         assert job.returncode == 0, f"ray job submit failed:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"
