@@ -33,6 +33,12 @@ OLD_SYSTEM = ("You are a helpful assistant. Think step by step, then answer, in 
 OLD_COUNTDOWN = ("Using the numbers {numbers}, create an equation that equals {target}. You can use + - * / and each "
                  "number exactly once. Show your reasoning in <think> </think> and give only the equation in "
                  "<answer> </answer>, e.g. <answer>(1 + 2) / 3</answer>.")
+TAGGED_SUFFIX = " Show your reasoning in <think> </think> and give only the equation in <answer> </answer>."
+# The answer is the completion's first line: no tags (SmolLM2-135M almost never closes one), `= TARGET` allowed.
+LINE_SYSTEM = 'data.system_prompt="You are a helpful assistant. Reply with one line: the equation, nothing else."'
+LINE = ['data.assistant_prefix=""', 'rollout.sampling.stop=["\\n"]', "rollout.sampling.extra={}",
+        "rewards.terms=[{name: countdown, params: {answer_tag: null, equals_target: true, format_score: 0.0, "
+        "unreadable_score: 0.0}}]"]
 SMALL_TRAIN = "data.train_size=2000"  # small puzzle spaces cannot fill the default 10000 distinct train puzzles
 CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct held-out puzzles
     "cd2-n50-current": (["data.countdown_numbers=[2,2]", "data.max_number=50"], "current"),
@@ -41,15 +47,30 @@ CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct
     "cd23-n10-plain": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "plain"),
     "cd3-n10-plain": (["data.countdown_numbers=[3,3]", "data.max_number=10", SMALL_TRAIN], "plain"),
     "cd23-n20-plain": (["data.countdown_numbers=[2,3]", "data.max_number=20"], "plain"),
+    "cd23-n10-tagged": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "tagged"),
+    "cd23-n10-base": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN, "data.template=base",
+                       ], "plain"),
+    "cd23-n10-answer": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN,
+                         "data.assistant_prefix=<answer>"], "plain"),
+    "cd2-n50-answer": (["data.countdown_numbers=[2,2]", "data.max_number=50",
+                        "data.assistant_prefix=<answer>"], "plain"),
+    "cd23-n10-line": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN, LINE_SYSTEM, *LINE],
+                      "plain"),
+    "cd2-n50-line": (["data.countdown_numbers=[2,2]", "data.max_number=50", LINE_SYSTEM, *LINE], "plain"),
     "math-plain": (["data.task=math", "rewards.terms=[{name: format, weight: 0.5}, {name: math_answer}]"], "plain"),
 }
 
 
 def restyle(prompt, style: str):
-    """"plain": the prompt as orchestration.data renders it now; "current": the pre-issue-12 countdown prompt."""
+    """"plain": the prompt as orchestration.data renders it now; "current": the pre-issue-12 countdown prompt;
+    "tagged": today's prompt with the tag instruction repeated in the user turn (no example, no placeholder)."""
     if style == "plain" or prompt.task != "countdown":
         return prompt
     ref = prompt.reference
+    if style == "tagged":
+        system, user = prompt.messages
+        user = {**user, "content": user["content"] + TAGGED_SUFFIX}
+        return dataclasses.replace(prompt, messages=(system, user))
     user = OLD_COUNTDOWN.format(numbers=ref["numbers"], target=ref["target"])
     return dataclasses.replace(prompt, messages=({"role": "system", "content": OLD_SYSTEM},
                                                  {"role": "user", "content": user}))
@@ -92,7 +113,6 @@ def main() -> int:
     from rollout.handle import Rollout
 
     cfg0 = load_config(CONFIG)
-    renderer = PromptRenderer(cfg0.model.resolved_path, cfg0.data.assistant_prefix)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     ray.init(address="local", include_dashboard=False, num_cpus=2)
     try:
@@ -100,6 +120,7 @@ def main() -> int:
             for name in args.candidates:
                 overrides, style = CANDIDATES[name]
                 cfg = load_config(CONFIG, overrides)
+                renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
                 prompts = [restyle(q, style) for q in eval_prompts(cfg.data, args.prompts)]
                 settings = [(args.temperature, args.k)] + ([(0.0, 1)] if args.greedy else [])
                 for temperature, k in settings:
@@ -114,7 +135,8 @@ def main() -> int:
                            "len_mean": float(s.lengths.mean()), "always_add": trivial_floor(prompts),
                            "content_acc": float(np.mean([content_solved(t, q.reference) for q, g in zip(prompts, s.texts)
                                                          for t in g])) if prompts[0].task == "countdown" else None,
-                           "seconds": round(time.perf_counter() - t0, 1), "examples": [g[0] for g in s.texts[:4]]}
+                           "seconds": round(time.perf_counter() - t0, 1), "examples": [g[0] for g in s.texts[:4]],
+                           "samples": [t for g in s.texts for t in g][:64]}
                     with args.out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     print(f"{name:<18} T={temperature} k={k} acc {ivs['accuracy']}  pass@{k} {ivs[f'pass@{k}']}  "

@@ -32,6 +32,14 @@ class PromptRenderer:
             raise ValueError(f"{prompt.uid}: prompt has neither messages nor text")
         return prompt.text
 
+    def turn(self, prompt: Prompt, completion: str) -> str:
+        """The assistant's whole turn as a reader sees it: the forced prefix (chat prompts), then the completion.
+
+        What the rewards score: with `data.assistant_prefix: "<answer>"` the completion alone would hold a closing
+        tag without its opening one.
+        """
+        return (self.assistant_prefix if prompt.messages is not None else "") + completion
+
     def encode(self, prompt: Prompt) -> list[int]:
         # The chat template already contains any special tokens the model expects.
         return list(self.tokenizer.encode(self.text(prompt), add_special_tokens=False))

@@ -33,17 +33,21 @@ def score(
     target: int,
     format_score: float = FORMAT_SCORE,
     correct_score: float = CORRECT_SCORE,
-    answer_tag: str = "answer",
+    answer_tag: str | None = "answer",
     unreadable_score: float | None = None,
+    equals_target: bool = False,
 ) -> float:
-    """0.0 without `<answer>`; `correct_score` for a correct equation; `format_score` for a wrong or misusing one;
-    `unreadable_score` (None: `format_score`) for an answer that does not parse as an equation."""
+    """0.0 without `<answer>` (answer_tag None: the completion is the answer); `correct_score` for a correct
+    equation; `format_score` for a wrong or misusing one; `unreadable_score` (None: `format_score`) for an answer that does not parse as an equation. With `equals_target`,
+    `EXPR = TARGET` (either side) is judged as EXPR; any other `=` is not part of the grammar."""
     if not all(type(n) is int for n in numbers):
         # Would otherwise score every answer 0.1 silently (e.g. numbers read from JSON as strings).
         raise ValueError(f"reference numbers must be ints, got {list(numbers)!r}; fix the dataset")
-    equation = last_block(completion, answer_tag)
+    equation = completion if answer_tag is None else last_block(completion, answer_tag)
     if equation is None:
         return 0.0
+    if equals_target:
+        equation = _drop_target_side(equation, target)
     try:
         tree = arithmetic.parse(equation.strip())
     except arithmetic.ExpressionError:
@@ -57,6 +61,14 @@ def score(
     return correct_score if abs(value - target) < TOLERANCE else format_score
 
 
+def _drop_target_side(equation: str, target: int) -> str:
+    """`EXPR = TARGET` or `TARGET = EXPR` -> EXPR; anything else unchanged (and judged as it is)."""
+    sides = [side.strip().removesuffix(".").strip() for side in equation.split("=")]  # "2 + 5 = 7." ends a sentence
+    if len(sides) == 2 and str(target) in sides:
+        return sides[1] if sides[0] == str(target) else sides[0]
+    return equation
+
+
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class CountdownReward:
     """`score` as a RewardFn; reads `numbers` and `target` from the sample's reference."""
@@ -68,12 +80,16 @@ class CountdownReward:
     """Score of an answer block that is not an equation (empty, prose, `(*****)`); None = `format_score` (TinyZero)."""
     correct_score: float = Field(CORRECT_SCORE, ge=0.0)
     """Score of a correct equation."""
-    answer_tag: str = Field("answer", min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
-    """Tag name of the answer block (`<answer>...</answer>`)."""
+    answer_tag: str | None = Field("answer", min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
+    """Tag name of the answer block (`<answer>...</answer>`); None: the whole completion is the answer (a model
+    too small to write tags, its line ended by `rollout.sampling.stop: ["\\n"]`)."""
+    equals_target: bool = False
+    """Also accept `EXPR = TARGET` (the prompt asks for an equation; small models write it so). Off: TinyZero's
+    grammar, where `=` makes the answer unreadable. Nothing is gained by it: EXPR is still judged in full."""
 
     def __call__(self, sample: Sample) -> float:
         ref = sample.reference
         return score(
             sample.completion, ref["numbers"], ref["target"], self.format_score, self.correct_score, self.answer_tag,
-            self.unreadable_score,
+            self.unreadable_score, self.equals_target,
         )

@@ -18,7 +18,11 @@ class DataConfig(BaseModel):
     """chat: system + user messages for a chat template; base: TinyZero's plain-text prefix ending in `<think>`."""
     assistant_prefix: str = ""
     """Chat only: text the assistant's turn starts with (e.g. "<think>\n"), as TinyZero's base template does, so a
-    small model starts on the format's track; the format reward accepts a completion without the opening tag."""
+    small model starts on the format's track. The rewards score the prefix and the completion together, as the
+    reader of the turn sees it."""
+    system_prompt: str | None = None
+    """Chat only: the system message (None: templates.SYSTEM_PROMPT, think then answer in tags). A task whose
+    answer is the completion itself (e.g. countdown `answer_tag: null` with `stop: ["\\n"]`) says so here."""
     seed: int = 0
     """Seeds the generators; same config, same prompts."""
     train_size: int = Field(10000, ge=1)

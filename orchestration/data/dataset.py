@@ -53,7 +53,7 @@ def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> list[Prom
             reference: dict[str, Any] = {"numbers": list(numbers), "target": target, "solution": solution}
         else:
             user, reference = MATH_USER.format(question=row[0]), {"answer": row[1]}
-        messages, text = render(user, cfg.template)
+        messages, text = render(user, cfg.template, cfg.system_prompt)
         prompts.append(Prompt(f"{task}-{split}-{index:06d}", task, messages, text, reference))
     return prompts
 

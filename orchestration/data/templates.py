@@ -21,8 +21,10 @@ COUNTDOWN_USER = (
 MATH_USER = "{question}\nShow your reasoning in <think> </think> and give only the final number in <answer> </answer>."
 
 
-def render(user: str, template: str) -> tuple[tuple[dict[str, str], ...] | None, str | None]:
-    """(chat messages, None) for the chat template, (None, plain text) for a base model."""
+def render(user: str, template: str, system: str | None = None) -> tuple[tuple[dict[str, str], ...] | None, str | None]:
+    """(chat messages, None) for the chat template (system: None = SYSTEM_PROMPT), (None, plain text) for a base
+    model."""
     if template == "chat":
-        return ({"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}), None
+        return ({"role": "system", "content": SYSTEM_PROMPT if system is None else system},
+                {"role": "user", "content": user}), None
     return None, BASE_PREFIX.format(user=user)

@@ -168,3 +168,32 @@ def test_stream_rejects_foreign_state() -> None:
         PromptStream(_prompts(11), 2, seed=0).load_state_dict(state)
     with pytest.raises(ValueError, match="at least one prompt"):
         PromptStream([], 2, seed=0)
+
+
+def test_rewards_read_the_assistant_prefix_with_the_completion(tiny_model_dir) -> None:
+    """With `assistant_prefix: "<answer>"` the completion holds only `EQUATION</answer>`: scored alone it has no
+    answer block; the turn as the reader sees it (prefix + completion) has one."""
+    import dataclasses
+
+    from orchestration.prompts import PromptRenderer
+    from rewards.types import Sample
+
+    prompt = setup_dataset(DataConfig(task="countdown", train_size=50, eval_size=0), "train")[0]
+    completion = f"{prompt.reference['solution']}</answer>"
+    renderer = PromptRenderer(tiny_model_dir, "<answer>")
+    assert renderer.text(prompt).endswith("<answer>")
+    turn = renderer.turn(prompt, completion)
+    assert turn == "<answer>" + completion
+    reward = countdown.CountdownReward()
+    assert reward(Sample(renderer.text(prompt), completion, prompt.reference)) == 0.0
+    assert reward(Sample(renderer.text(prompt), turn, prompt.reference)) == 1.0
+    assert format.score(turn) == format.ANSWER_ONLY_SCORE
+    base = dataclasses.replace(prompt, messages=None, text="plain prompt")
+    assert renderer.turn(base, completion) == completion, "a base-template prompt gets no chat prefix"
+
+
+def test_the_system_prompt_is_the_configs_when_set() -> None:
+    default = setup_dataset(DataConfig(train_size=5, eval_size=0), "train")[0]
+    own = setup_dataset(DataConfig(train_size=5, eval_size=0, system_prompt="Reply with the equation."), "train")[0]
+    assert own.messages[0] == {"role": "system", "content": "Reply with the equation."}
+    assert own.messages[1] == default.messages[1] and default.messages[0]["content"] != own.messages[0]["content"]

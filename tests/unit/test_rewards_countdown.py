@@ -37,6 +37,24 @@ def test_score_cases(completion: str, expected: float) -> None:
     assert score(completion, NUMS, 46) == expected
 
 
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("<answer>25 + 3 * 7 = 46</answer>", 1.0),
+        ("<answer>46 = 25 + 3 * 7</answer>", 1.0),
+        ("<answer>25 + 3 + 7 = 46</answer>", 0.1),  # the expression is still judged: 35
+        ("<answer>25 + 3 * 7 = 45</answer>", 0.0),  # not the target: `=` stays, unreadable
+        ("<answer>25 + 3 * 7 = 46 = 46</answer>", 0.0),
+        ("<answer>46 = 46</answer>", 0.1),  # the bare target uses none of the numbers
+        ("<answer>25 + 3 * 7</answer>", 1.0),
+    ],
+)
+def test_equals_target_judges_the_expression_side(completion: str, expected: float) -> None:
+    assert score(completion, NUMS, 46, unreadable_score=0.0, equals_target=True) == expected
+    assert CountdownReward(unreadable_score=0.0, equals_target=True)(Sample("p", completion, {"numbers": NUMS,
+                                                                                               "target": 46})) == expected
+
+
 def test_division_is_exact() -> None:
     assert score("<answer>(25 - 7) / 3</answer>", NUMS, 6) == 1.0
     # 1/3 * 3 is exactly 1 with fractions; a float evaluator could miss by 1e-16 (still inside the tolerance).
@@ -132,3 +150,19 @@ def test_reward_fn_reads_reference_and_params() -> None:
 def test_malformed_reference_raises_instead_of_scoring_silently() -> None:
     with pytest.raises(ValueError, match="reference numbers must be ints"):
         score("<answer>25 + 3 * 7</answer>", ["3", "7", "25"], 46)
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        (" 25 + 3 * 7", 1.0),
+        ("25 + 3 * 7 = 46.", 1.0),  # a sentence's full stop after the target
+        ("The equation is 25 + 3 * 7", 0.0),  # prose is not an equation
+        ("<answer>25 + 3 * 7</answer>", 0.0),  # tags are not part of the grammar either
+        ("", 0.0),
+        ("25 + 3 + 7", 0.1),
+    ],
+)
+def test_without_an_answer_tag_the_completion_is_the_answer(completion: str, expected: float) -> None:
+    reward = CountdownReward(answer_tag=None, equals_target=True, unreadable_score=0.0)
+    assert reward(Sample("p", completion, {"numbers": NUMS, "target": 46})) == expected
