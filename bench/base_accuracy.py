@@ -40,24 +40,29 @@ LINE = ['data.assistant_prefix=""', 'rollout.sampling.stop=["\\n"]', "rollout.sa
         "rewards.terms=[{name: countdown, params: {answer_tag: null, equals_target: true, format_score: 0.0, "
         "unreadable_score: 0.0}}]"]
 SMALL_TRAIN = "data.train_size=2000"  # small puzzle spaces cannot fill the default 10000 distinct train puzzles
+# The think-then-answer-in-tags setup the demo had before it took the answer line (each candidate states it in full,
+# so a later change to the demo config does not change what a candidate measures).
+TAGS = ["data.system_prompt=null", 'data.assistant_prefix="<think>\\n"', 'rollout.sampling.stop=["</answer>"]',
+        "rollout.sampling.extra={include_stop_str_in_output: true}",
+        "rewards.terms=[{name: format, weight: 0.5}, {name: countdown, params: {unreadable_score: 0.0}}]"]
+ANSWER_PREFIX = [*TAGS, "data.assistant_prefix=<answer>"]  # the turn opens the answer block; no thinking
+CD2_N50 = ["data.countdown_numbers=[2,2]", "data.max_number=50"]
+CD23_N10 = ["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN]
 CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct held-out puzzles
-    "cd2-n50-current": (["data.countdown_numbers=[2,2]", "data.max_number=50"], "current"),
-    "cd2-n50-plain": (["data.countdown_numbers=[2,2]", "data.max_number=50"], "plain"),
-    "cd23-n10-current": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "current"),
-    "cd23-n10-plain": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "plain"),
-    "cd3-n10-plain": (["data.countdown_numbers=[3,3]", "data.max_number=10", SMALL_TRAIN], "plain"),
-    "cd23-n20-plain": (["data.countdown_numbers=[2,3]", "data.max_number=20"], "plain"),
-    "cd23-n10-tagged": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN], "tagged"),
-    "cd23-n10-base": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN, "data.template=base",
-                       ], "plain"),
-    "cd23-n10-answer": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN,
-                         "data.assistant_prefix=<answer>"], "plain"),
-    "cd2-n50-answer": (["data.countdown_numbers=[2,2]", "data.max_number=50",
-                        "data.assistant_prefix=<answer>"], "plain"),
-    "cd23-n10-line": (["data.countdown_numbers=[2,3]", "data.max_number=10", SMALL_TRAIN, LINE_SYSTEM, *LINE],
-                      "plain"),
-    "cd2-n50-line": (["data.countdown_numbers=[2,2]", "data.max_number=50", LINE_SYSTEM, *LINE], "plain"),
-    "math-plain": (["data.task=math", "rewards.terms=[{name: format, weight: 0.5}, {name: math_answer}]"], "plain"),
+    "cd2-n50-current": ([*CD2_N50, *TAGS], "current"),
+    "cd2-n50-plain": ([*CD2_N50, *TAGS], "plain"),
+    "cd23-n10-current": ([*CD23_N10, *TAGS], "current"),
+    "cd23-n10-plain": ([*CD23_N10, *TAGS], "plain"),
+    "cd3-n10-plain": (["data.countdown_numbers=[3,3]", "data.max_number=10", SMALL_TRAIN, *TAGS], "plain"),
+    "cd23-n20-plain": (["data.countdown_numbers=[2,3]", "data.max_number=20", *TAGS], "plain"),
+    "cd23-n10-tagged": ([*CD23_N10, *TAGS], "tagged"),
+    "cd23-n10-base": ([*CD23_N10, *TAGS, "data.template=base"], "plain"),
+    "cd23-n10-answer": ([*CD23_N10, *ANSWER_PREFIX], "plain"),
+    "cd2-n50-answer": ([*CD2_N50, *ANSWER_PREFIX], "plain"),
+    "cd23-n10-line": ([*CD23_N10, LINE_SYSTEM, *LINE], "plain"),
+    "cd2-n50-line": ([*CD2_N50, LINE_SYSTEM, *LINE], "plain"),  # the demo's setup
+    "math-plain": (["data.task=math", *TAGS, "rewards.terms=[{name: format, weight: 0.5}, {name: math_answer}]"],
+                   "plain"),
 }
 
 

@@ -101,6 +101,7 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 def run(cfg: RunConfig, run_dir: Path) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
+    prompts = setup_dataset(cfg.data, "train")  # a data config error (DatasetTooSmall) too: in seconds, not minutes
     started_cluster = cluster.connect(cfg)
     signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
     rollout = None
@@ -108,7 +109,7 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
     try:
         learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
         rollout = cluster.start_rollout(cfg)
-        stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
+        stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
         fault.parts = parts

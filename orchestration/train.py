@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     dump_config(cfg, run_dir / "config.yaml")
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir.resolve())
+    from orchestration.data import DatasetTooSmall
     from orchestration.loop import LearnerDied
     from orchestration.resources import ResourceError
     from orchestration.run import run  # imports Ray, the learner and the engine client
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except ResourceError as err:  # the cluster cannot hold the run: one line, like a config error
         print(f"resource error: {err}", file=sys.stderr)
+        return 2
+    except DatasetTooSmall as err:  # raised before any cluster starts
+        print(f"config error:\n{err}", file=sys.stderr)
         return 2
     return 0
 

@@ -16,7 +16,7 @@ puzzles, word problems), `gsm8k` (the JSONL loader), `dataset` (Prompt, the hash
 """
 
 from orchestration.data.config import DataConfig
-from orchestration.data.dataset import Prompt, setup_dataset
+from orchestration.data.dataset import DatasetTooSmall, Prompt, setup_dataset
 from orchestration.data.stream import PromptStream
 
-__all__ = ["DataConfig", "Prompt", "PromptStream", "setup_dataset"]
+__all__ = ["DataConfig", "DatasetTooSmall", "Prompt", "PromptStream", "setup_dataset"]

@@ -33,6 +33,10 @@ class Prompt:
     """countdown {"numbers", "target", "solution"}; math {"answer"}."""
 
 
+class DatasetTooSmall(ValueError):
+    """The config asks a split for more distinct items than its generator makes: a config error, said in one line."""
+
+
 def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> list[Prompt]:
     """The prompts of one split; deterministic given cfg."""
     if split not in ("train", "eval"):
@@ -75,9 +79,10 @@ def draw(make: Callable[[random.Random], Any], cfg: DataConfig, split: str, size
         seen.add(content)
         items.append(item)
     if len(items) < size:
-        raise ValueError(
-            f"only {len(items)} distinct {cfg.task} {split} items after {budget} draws (asked {size}); "
-            "lower the split size or widen the generator (max_number, max_target)"
+        raise DatasetTooSmall(
+            f"data.{split}_size={size}, but only {len(items)} distinct {cfg.task} {split} items came from {budget} "
+            f"draws: set data.{split}_size to at most {len(items)} or widen the generator (data.max_number, "
+            "data.max_target)"
         )
     return items
 

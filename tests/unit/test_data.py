@@ -130,8 +130,23 @@ def test_bad_config(update: dict, match: str) -> None:
 
 
 def test_impossible_size_says_what_to_change() -> None:
-    with pytest.raises(ValueError, match="lower the split size or widen the generator"):
+    with pytest.raises(ValueError, match=r"set data.train_size to at most \d+ or widen the generator"):
         setup_dataset(DataConfig(countdown_numbers=(2, 2), max_number=2, max_target=4, train_size=50), "train")
+
+
+def test_a_training_run_with_too_few_puzzles_stops_in_one_line_before_any_cluster(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestration.train", "--config", str(root / "configs" / "countdown_smollm2_cpu.yaml"),
+         "--run-dir", str(tmp_path / "run"), "data.train_size=9000"],
+        cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "set data.train_size to at most" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "Ray" not in (tmp_path / "run" / "train.log").read_text(), "the cluster was started before the data check"
 
 
 def _prompts(n: int) -> list[Prompt]:
