@@ -80,7 +80,7 @@ class MetricsLog:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
             for key, value in scalars.items():
-                self._tb.add_scalar(key, value, step)
+                self._tb.add_scalar(_tb_name(key), value, step)
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
@@ -150,3 +150,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
                 else:
                     rows[row["step"]] = row
     return [rows[s] for s in sorted(rows)]
+
+
+def _tb_name(key: str) -> str:
+    """TensorBoard's tag alphabet: `eval/pass@4` -> `eval/pass_at_4` (tensorboardX would log an INFO line per
+    write and rename it to the less readable `eval/pass_4`)."""
+    return key.replace("@", "_at_")

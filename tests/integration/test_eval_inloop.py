@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from orchestration.metrics import read_metrics
+from test_train_e2e import TINY  # the shipped demo config shrunk to the tiny model; eval.every below turns eval on
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
-TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24",
-        "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8"]
 
 
 def run(module: str, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess:

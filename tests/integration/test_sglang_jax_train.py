@@ -19,14 +19,12 @@ from pydantic import ValidationError
 from orchestration.metrics import read_metrics
 from rollout.config import RolloutConfig
 from rollout.sglang_jax_config import default_sglang_python
+from test_train_e2e import TINY  # the same shrinking to the tiny model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
-# The same shrinking to the tiny model as test_train_e2e.py.
-TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24",
-        "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8"]
 # Only the engine changes; the KV cache is shrunk to what the tiny model needs (the shipped 2 GiB also works).
 SGLANG = ["rollout.backend.kind=sglang_jax", "rollout.backend.kv_cache_space_gb=0.05"]
 

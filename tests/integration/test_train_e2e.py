@@ -31,9 +31,11 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
-# The shipped demo config, shrunk to the tiny model: every step pushes a new adapter version.
+# The shipped demo config, shrunk to the tiny model: every step pushes a new adapter version. No in-loop eval
+# (test_eval_inloop turns it on): it would add generation to every run.
 TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24",
-        "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8"]
+        "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8",
+        "eval.every=0"]
 
 
 def train_cmd(*args: str) -> list[str]:

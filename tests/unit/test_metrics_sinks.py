@@ -49,3 +49,12 @@ def test_wandb_offline_run_files_hold_the_logged_keys(tmp_path, monkeypatch):
     records = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
     for key in ("reward/total", "eval/accuracy", "eval/pass@4", "timing/step"):
         assert key.encode() in records, f"{key} missing from the offline W&B run: the sink dropped it"
+
+
+def test_tensorboard_tags_keep_pass_at_k_readable(tmp_path):
+    m = MetricsLog(tmp_path, total_steps=1, tensorboard=True, progress="off")
+    m.log_eval(1, EVAL)
+    m.close()
+    events = b"".join(p.read_bytes() for p in (tmp_path / "tb").glob("events.*"))
+    assert b"eval/pass_at_4" in events and b"eval/accuracy" in events
+    assert b"eval/pass@4" not in events and b"eval/pass_4" not in events
