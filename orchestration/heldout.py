@@ -78,7 +78,9 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
         groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
         if on_progress is not None:
             on_progress(len(chunk))
-    samples = [Sample(renderer.text(p), renderer.turn(p, c.text), p.reference) for p, g in zip(prompts, groups) for c in g]
+    texts = [renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
+    samples = [Sample(text, renderer.turn(p, c.text), p.reference) for p, text, g in zip(prompts, texts, groups)
+               for c in g]
     result = rewards.score(samples)
     shape = (len(prompts), k)
     per_name = {n: np.asarray(v, dtype=np.float64).reshape(shape) for n, v in result.per_name.items()}

@@ -103,8 +103,9 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook
     # 3. score (reward/<name>)
     fault("score", step)
     t0 = time.perf_counter()
-    samples = [Sample(prompt=parts.renderer.text(p), completion=parts.renderer.turn(p, c.text), reference=p.reference)
-               for p, group in zip(prompts, completions) for c in group]
+    texts = [parts.renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
+    samples = [Sample(prompt=text, completion=parts.renderer.turn(p, c.text), reference=p.reference)
+               for p, text, group in zip(prompts, texts, completions) for c in group]
     result = parts.rewards.score(samples)
     t_score = time.perf_counter() - t0
     for line in result.errors:

@@ -38,8 +38,9 @@ def score(
     equals_target: bool = False,
 ) -> float:
     """0.0 without `<answer>` (answer_tag None: the completion is the answer); `correct_score` for a correct
-    equation; `format_score` for a wrong or misusing one; `unreadable_score` (None: `format_score`) for an answer that does not parse as an equation. With `equals_target`,
-    `EXPR = TARGET` (either side) is judged as EXPR; any other `=` is not part of the grammar."""
+    equation; `format_score` for a wrong or misusing one; `unreadable_score` (None: `format_score`) for an answer
+    that does not parse as an equation. With `equals_target`, `EXPR = TARGET` (either side) is judged as EXPR; any
+    other `=` is not part of the grammar."""
     if not all(type(n) is int for n in numbers):
         # Would otherwise score every answer 0.1 silently (e.g. numbers read from JSON as strings).
         raise ValueError(f"reference numbers must be ints, got {list(numbers)!r}; fix the dataset")
