@@ -1,8 +1,10 @@
 """Learner benchmark: one GRPO train step on the issue's batch, against this CPU's own matmul speed and Tunix.
 
-    .venv/bin/python bench/bench_learner.py [--model smollm2-135m-instruct] [--steps 2] [--tunix]
+    .venv/bin/python bench/bench_learner.py [--model smollm2-135m-instruct] [--steps 2] [--tunix] [--dense]
+        [--prompts 8 --samples 8 --prompt-len 64 --completion-len 192]
 
-Batch: 8 prompts x 8 samples, 64 prompt + 192 completion tokens, LoRA r16 (defaults of LearnerConfig).
+Batch: 8 prompts x 8 samples, 64 prompt + 192 completion tokens, LoRA r16 (defaults of LearnerConfig); the flags
+change it (the demo's shape: --prompts 4 --samples 8 --prompt-len 64 --completion-len 32).
 Prints, measured in this one run:
 - step_s: our steady-state step time (median after one compile step; with --tunix the timed steps
   alternate ours / Tunix's so machine noise hits both);
@@ -11,7 +13,10 @@ Prints, measured in this one run:
 - peak RSS of the process;
 - with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
   LoRA, batch, micro-batching) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
-  loop (which also owns rollout and threading), so it compares the train step alone.
+  loop (which also owns rollout and threading), so it compares the train step alone;
+- with --dense: the same step with `learner.logprob_chunk: 0`, the dense reference (LM head and log-softmax at
+  every position, [batch, length, vocab] fp32), and ratio = ours / dense: what running the head only at
+  completion positions, in chunks, buys on this batch.
 """
 
 from __future__ import annotations
@@ -24,20 +29,17 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-PROMPTS, SAMPLES, PROMPT_LEN, COMPLETION_LEN = 8, 8, 64, 192
-
-
-def make_batch(vocab: int, seed: int = 0):
+def make_batch(vocab: int, prompts: int, samples: int, prompt_len: int, completion_len: int, seed: int = 0):
     import numpy as np
 
     from learner.batch import TrainBatch
 
     rng = np.random.default_rng(seed)
-    n = PROMPTS * SAMPLES
-    prompts = [list(p) for p in rng.integers(3, vocab, (PROMPTS, PROMPT_LEN)).repeat(SAMPLES, 0)]
-    completions = [list(rng.integers(3, vocab, COMPLETION_LEN)) for _ in range(n)]
-    logprobs = [list(-rng.random(COMPLETION_LEN) * 2) for _ in range(n)]
-    return TrainBatch(prompts, completions, logprobs, rng.random(n), np.repeat(np.arange(PROMPTS), SAMPLES))
+    n = prompts * samples
+    prompt_ids = [list(p) for p in rng.integers(3, vocab, (prompts, prompt_len)).repeat(samples, 0)]
+    completions = [list(rng.integers(3, vocab, completion_len)) for _ in range(n)]
+    logprobs = [list(-rng.random(completion_len) * 2) for _ in range(n)]
+    return TrainBatch(prompt_ids, completions, logprobs, rng.random(n), np.repeat(np.arange(prompts), samples))
 
 
 def matmul_flops_per_s(n: int = 2048, reps: int = 5) -> float:
@@ -53,13 +55,14 @@ def matmul_flops_per_s(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-def step_flops(hf: dict, tokens: int, seq: int) -> float:
-    """Forward + activation-gradient FLOPs (2x forward) of one step over `tokens` tokens of length `seq`."""
+def step_flops(hf: dict, tokens: int, seq: int, head_tokens: int) -> float:
+    """Forward + activation-gradient FLOPs (2x forward) of one step over `tokens` tokens of length `seq`; the LM
+    head counts only at the `head_tokens` positions that need it (the completion's), so MFU counts needed work."""
     d, f, layers, v = hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"], hf["vocab_size"]
     heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
     hd = hf.get("head_dim") or d // heads
     per_layer = d * heads * hd * 2 + d * kv * hd * 2 + 3 * d * f  # q, o, k, v, mlp
-    forward = 2 * tokens * (layers * per_layer + d * v) + layers * 4 * tokens * seq * heads * hd
+    forward = 2 * tokens * layers * per_layer + 2 * head_tokens * d * v + layers * 4 * tokens * seq * heads * hd
     return 2.0 * forward
 
 
@@ -83,7 +86,7 @@ def time_steps(steps: dict, batch, repeats: int) -> dict[str, float]:
     return {label: statistics.median(ts) for label, ts in times.items()}
 
 
-def tunix_step_fn(learner, batch):
+def tunix_step_fn(learner, batch, samples: int):
     """A train step built from Tunix's GRPO loss on the learner's own model (same LoRA, same micro-batches)."""
     import jax
     import jax.numpy as jnp
@@ -98,13 +101,14 @@ def tunix_step_fn(learner, batch):
     # Own copy of the LoRA: our step donates (frees) learner.params, and the two steps alternate.
     model = ts.merge(learner._parts, jax.tree.map(jnp.copy, learner.params))
     optimizer = nnx.Optimizer(model, optax.adamw(learner.cfg.optimizer.lr), wrt=nnx.LoRAParam)
-    algo = GRPOConfig(num_generations=SAMPLES, beta=0.0, loss_agg_mode="token-mean")
+    algo = GRPOConfig(num_generations=samples, beta=0.0, loss_agg_mode="token-mean")
     algo.temperature = 1.0
     micro = learner.cfg.grpo.micro_batch_size
 
     @nnx.jit
     def micro_grads(model, example):
-        return nnx.grad(lambda m: algo_core.grpo_loss_fn(m, example, algo, 0, 2)[0], argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
+        loss = lambda m: algo_core.grpo_loss_fn(m, example, algo, 0, 2)[0]
+        return nnx.grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
 
     @nnx.jit
     def apply(model, optimizer, grads):
@@ -112,7 +116,7 @@ def tunix_step_fn(learner, batch):
 
     prompts = jnp.asarray(np.asarray(batch.prompt_ids, np.int32))
     comps = jnp.asarray(np.asarray(batch.completion_ids, np.int32))
-    adv = jnp.asarray(algo_core.compute_advantages(np.asarray(batch.rewards, np.float32), SAMPLES))
+    adv = jnp.asarray(algo_core.compute_advantages(np.asarray(batch.rewards, np.float32), samples))
 
     def step(_batch):
         total = None
@@ -135,6 +139,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--tunix", action="store_true", help="also time Tunix's GRPO loss step")
+    parser.add_argument("--dense", action="store_true", help="also time the step with learner.logprob_chunk: 0")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--completion-len", type=int, default=192)
     args = parser.parse_args()
 
     from learner.config import LearnerConfig
@@ -146,20 +155,26 @@ def main() -> None:
     hf = read_hf_config(path)
     cfg = LearnerConfig.model_validate({"grpo": {"micro_batch_size": args.micro_batch}})
     learner = Learner(cfg, path)
-    batch = make_batch(hf["vocab_size"])
+    batch = make_batch(hf["vocab_size"], args.prompts, args.samples, args.prompt_len, args.completion_len)
     peak_flops = matmul_flops_per_s()
     steps = {"ours": learner.step}
+    if args.dense:
+        dense = Learner(cfg.model_copy(update={"logprob_chunk": 0}), path)
+        steps["dense"] = dense.step
     if args.tunix:
-        steps["tunix"] = tunix_step_fn(learner, batch)
+        steps["tunix"] = tunix_step_fn(learner, batch, args.samples)
     medians = time_steps(steps, batch, args.steps)
     ours = medians["ours"]
-    seq = PROMPT_LEN + COMPLETION_LEN
-    achieved = step_flops(hf, len(batch) * seq, seq) / ours
-    print(f"batch: {PROMPTS} prompts x {SAMPLES} samples x {COMPLETION_LEN} tokens (+{PROMPT_LEN} prompt), "
+    seq = args.prompt_len + args.completion_len
+    achieved = step_flops(hf, len(batch) * seq, seq, len(batch) * args.completion_len) / ours
+    print(f"batch: {args.prompts} prompts x {args.samples} samples x {args.completion_len} tokens "
+          f"(+{args.prompt_len} prompt), "
           f"{args.model}, LoRA r{cfg.lora.rank}, micro-batch {args.micro_batch}; medians of {args.steps} step(s)")
     print(f"step_s: {ours:.2f}", flush=True)
     print(f"achieved: {achieved / 1e9:.1f} GFLOP/s; matmul peak here: {peak_flops / 1e9:.1f} GFLOP/s; "
           f"mfu_cpu = {achieved / peak_flops:.3f}")
+    if args.dense:
+        print(f"dense_step_s: {medians['dense']:.2f}; ratio ours/dense = {ours / medians['dense']:.3f}")
     if args.tunix:
         theirs = medians["tunix"]
         print(f"tunix_loss_step_s: {theirs:.2f}; ratio ours/tunix = {ours / theirs:.3f} (target <= 0.9)")

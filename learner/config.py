@@ -120,6 +120,12 @@ class GrpoConfig(Strict):
     """Sequences per optimizer update; None = the whole batch (one update per epoch)."""
     micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward (gradient accumulation within a mini-batch); bounds memory."""
+    skip_zero_variance_groups: bool = False
+    """Leave out of the update every group whose rewards are all equal (all solved or all failed): their
+    advantages are 0 under every GRPO variant, so they add no policy gradient, only forward/backward time (DAPO's
+    dynamic sampling, without its refill). The kept tokens then carry the whole loss normalisation, and with
+    kl_beta > 0 the left-out samples' KL term is lost. When no group varies, the whole batch is used.
+    `learner/zero_adv_frac` (the fraction of such groups) is logged either way."""
 
 
 class LearnerConfig(Strict):

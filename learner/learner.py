@@ -29,7 +29,7 @@ from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
 from learner.distributed import put_global, to_host, tree_to_host
 from learner.lora import adapter_config, apply_lora, peft_tensors, write_merged, write_peft
-from learner.loss import LossOptions, grpo_advantages, token_weights
+from learner.loss import LossOptions, constant_reward_groups, grpo_advantages, token_weights
 from learner.mesh import learner_mesh
 from learner.model import load_model
 from learner.sampling import SamplingTransform
@@ -77,6 +77,11 @@ class Learner:
         t0 = time.perf_counter()
         g = self.cfg.grpo
         adv = grpo_advantages(batch.rewards, batch.group_ids, g.std_normalize)
+        constant = constant_reward_groups(batch.rewards, batch.group_ids)
+        groups = np.asarray(batch.group_ids)
+        zero_adv_frac = len(np.unique(groups[constant])) / len(np.unique(groups))
+        if g.skip_zero_variance_groups and constant.any() and not constant.all():
+            batch, adv = _take(batch, adv, np.flatnonzero(~constant))
         micro, mini, rows = self._batch_geometry(len(batch))
         order = np.concatenate([self._rng.permutation(len(batch)), np.arange(len(batch), rows)])
         packed = pack(*_take(batch, adv, order[: len(batch)]), self.cfg.seq_bucket, rows)
@@ -93,6 +98,8 @@ class Learner:
                 norms.append(norm)
         out = self._metrics(totals, losses, norms, adv)
         out["learner/completion_tokens"] = float(packed.loss_mask.sum())
+        out["learner/zero_adv_frac"] = zero_adv_frac
+        out["learner/trained_samples"] = float(len(batch))
         out["learner/step_s"] = time.perf_counter() - t0
         return out
 

@@ -45,6 +45,16 @@ def grpo_advantages(rewards: np.ndarray, group_ids: np.ndarray, std_normalize: b
     return adv.astype(np.float32)
 
 
+def constant_reward_groups(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
+    """bool [B]: samples whose group's rewards are all equal, so their advantage is 0 whatever the GRPO variant."""
+    rewards, group_ids = np.asarray(rewards, np.float64), np.asarray(group_ids)
+    constant = np.zeros(len(rewards), bool)
+    for g in np.unique(group_ids):
+        idx = group_ids == g
+        constant[idx] = np.ptp(rewards[idx]) == 0
+    return constant
+
+
 def _dense_keep_mask(scaled: jax.Array, s: SamplingTransform) -> jax.Array:
     """Tokens the engine could sample: min-p, then top-k, then top-p (vLLM's order), on tempered logits.
 

@@ -129,3 +129,34 @@ def test_chunked_logprobs_step_equals_the_dense_reference(tiny_model_dir):
     dense, chunked = run(0), run(3)
     for key in METRICS:
         np.testing.assert_allclose(chunked[f"learner/{key}"], dense[f"learner/{key}"], atol=1e-6, err_msg=key)
+
+
+def test_skipping_constant_reward_groups_equals_training_on_the_varying_groups_alone(tiny_model_dir):
+    """grpo.skip_zero_variance_groups: a batch of one group with varied rewards and one all-equal group updates the
+    LoRA exactly as the varied group alone does; without the skip the all-equal group still costs a pass and
+    dilutes the token-mean loss (half the gradient). zero_adv_frac is logged either way."""
+    def learner(skip: bool) -> Learner:
+        return Learner(LearnerConfig.model_validate({
+            "devices": {"offset": 0, "count": 1}, "seq_bucket": 16, "optimizer": {"lr": 1e-2},
+            "grpo": {"micro_batch_size": G, "skip_zero_variance_groups": skip}}), tiny_model_dir)
+
+    skip, keep, alone = learner(True), learner(False), learner(True)
+    rng = np.random.default_rng(3)
+    toks, lps = sample(skip, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
+    both = batch_from(toks, lps)
+    rewards = np.concatenate([np.linspace(0, 1, G), np.full(G, 0.5)])  # group 0 varies, group 1 is constant
+    both = TrainBatch(both.prompt_ids, both.completion_ids, both.engine_logprobs, rewards, both.group_ids,
+                      both.sampling)
+    first = TrainBatch(both.prompt_ids[:G], both.completion_ids[:G], both.engine_logprobs[:G], rewards[:G],
+                       both.group_ids[:G], both.sampling)
+
+    skipped, kept, only = skip.step(both), keep.step(both), alone.step(first)
+    assert skipped["learner/zero_adv_frac"] == kept["learner/zero_adv_frac"] == 0.5
+    assert only["learner/zero_adv_frac"] == 0.0
+    assert (skipped["learner/trained_samples"], kept["learner/trained_samples"]) == (G, 2 * G)
+    for a, b in zip(flat(skip.params), flat(alone.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6, err_msg="skipping a constant group is not training without it")
+    np.testing.assert_allclose(skipped["learner/grad_norm"], only["learner/grad_norm"], rtol=1e-5)
+    # Kept, the constant group adds no gradient but half the tokens of the token-mean: the gradient halves.
+    np.testing.assert_allclose(kept["learner/grad_norm"], only["learner/grad_norm"] / 2, rtol=1e-4)
+    assert kept["learner/completion_tokens"] == 2 * skipped["learner/completion_tokens"]

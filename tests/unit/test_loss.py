@@ -17,8 +17,8 @@ import pytest
 from flax import nnx
 
 from learner.batch import TrainBatch, pack
-from learner.loss import (LossOptions, dense_sampling_logprobs, grpo_advantages, grpo_token_loss, kl_penalty,
-                          token_weights)
+from learner.loss import (LossOptions, constant_reward_groups, dense_sampling_logprobs, grpo_advantages,
+                          grpo_token_loss, kl_penalty, token_weights)
 from learner.sampling import SamplingTransform
 
 TOL = 1e-5
@@ -350,3 +350,13 @@ def test_dual_clip_caps_negative_advantage_tokens():
     pos, _ = per_token(logp, opts, -adv)
     pos_plain, _ = per_token(logp, opts._replace(dual_clip=None), -adv)
     np.testing.assert_allclose(pos, pos_plain), "dual-clip must not touch positive advantages"
+
+
+def test_constant_reward_groups_marks_groups_whose_rewards_are_all_equal():
+    rewards = np.array([1.0, 1.0, 0.0, 1.0, 0.3, 0.3, 0.3, 0.3])
+    groups = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    constant = constant_reward_groups(rewards, groups)
+    assert constant.tolist() == [False] * 4 + [True] * 4
+    for std_normalize in (True, False):  # a constant group has advantage 0 under every variant
+        assert not grpo_advantages(rewards, groups, std_normalize)[constant].any()
+    assert not constant_reward_groups(np.array([0.0, 1e-9]), np.array([5, 5])).any()  # a tiny difference varies
