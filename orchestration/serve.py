@@ -1,8 +1,9 @@
 """`python -m orchestration.serve RUN_DIR`: serve a trained adapter through the same engine as training.
 
-Starts the run's engine (its rollout.backend config) on the base model with the run's final adapter attached
-under the name `--name` (default: the run directory's name), OpenAI-compatible, loopback by default, optional API
-key; prints a ready curl example and serves until Ctrl-C. `--base-only` serves the base model alone.
+Starts the run's engine (its rollout.backend config: vLLM or SGLang-JAX) on the base model with the run's final
+adapter attached under the name `--name` (default: the run directory's name), OpenAI-compatible (completions and
+chat completions), loopback by default, optional API key; prints a ready curl example and serves until Ctrl-C.
+`--base-only` serves the base model alone.
 """
 
 from __future__ import annotations
@@ -34,17 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def serving_backend(cfg: RunConfig, args: argparse.Namespace, adapter_dir: Path | None, name: str):
-    """The run's engine config, pointed at host/port, with the adapter attached at start-up."""
-    backend = cfg.rollout.backend
-    if backend.kind != "vllm":
-        raise ConfigError(f"serve supports rollout.backend.kind vllm for now (run has {backend.kind})")
-    extra = dict(backend.extra_args)
-    if adapter_dir is not None:
-        # Attached at start-up (not via the runtime load endpoint, which an API key would also guard).
-        extra["lora_modules"] = json.dumps({"name": name, "path": str(adapter_dir), "base_model_name": "base"})
-    if args.api_key:
-        extra["api_key"] = args.api_key
-    return backend.model_copy(update={"host": args.host, "port": args.port, "extra_args": extra})
+    """The run's engine config (vLLM or SGLang-JAX), pointed at host/port, with the adapter attached at start-up."""
+    from rollout.engine_config import StartupAdapter
+
+    adapter = None if adapter_dir is None else StartupAdapter(name=name, path=adapter_dir)
+    return cfg.rollout.backend.model_copy(update={"host": args.host, "port": args.port, "api_key": args.api_key,
+                                                  "startup_adapter": adapter})
 
 
 def curl_example(url: str, name: str, api_key: str | None, prompt: str) -> str:

@@ -22,6 +22,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+class StartupAdapter(Strict):
+    """A LoRA adapter (PEFT folder) the server attaches before it answers, served under `name`."""
+
+    name: str
+    path: Path
+
+
 class EngineConfig(Strict):
     """Fields every engine has; subclasses add a `kind` literal and their own knobs."""
 
@@ -58,6 +65,11 @@ class EngineConfig(Strict):
     `--no-key`), SGLang-JAX gets them as `ServerArgs` fields. E.g. {"enforce_eager": true}."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server process, applied last."""
+    api_key: str | None = None
+    """Bearer token every /v1 route then requires (`orchestration.serve --api-key`); None = open (a training
+    run's engine listens on loopback and only the rollout client talks to it)."""
+    startup_adapter: StartupAdapter | None = None
+    """A LoRA adapter attached at start-up (`orchestration.serve` attaches the run's final one); None = none."""
     startup_timeout_s: float = Field(600.0, gt=0)
     """How long to wait for /health after launch before giving up (CPU start-up is 30-70 s, more when busy)."""
 

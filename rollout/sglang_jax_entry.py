@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deterministic-sampling", action="store_true")
     p.add_argument("--precompile", action="store_true")
     p.add_argument("--server-args-json", default="{}", help="extra sgl_jax ServerArgs fields, applied last")
+    p.add_argument("--adapter-name", help="serve this PEFT adapter (--adapter-path), merged at start, by this name")
+    p.add_argument("--adapter-path", help="PEFT adapter folder merged before the server answers")
+    p.add_argument("--api-key", help="bearer token every /v1 route requires")
     return p.parse_args(argv)
 
 

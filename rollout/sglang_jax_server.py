@@ -60,6 +60,10 @@ class SglangJaxBackend(ServerProcess):
             cmd.append("--deterministic-sampling")
         if c.precompile:
             cmd.append("--precompile")
+        if c.startup_adapter is not None:
+            cmd += ["--adapter-name", c.startup_adapter.name, "--adapter-path", str(c.startup_adapter.path)]
+        if c.api_key:
+            cmd += ["--api-key", c.api_key]
         return cmd
 
     def environment(self) -> dict[str, str]:

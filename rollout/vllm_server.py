@@ -17,6 +17,7 @@ Standalone use (e.g. `orchestration/serve.py`, a server with an adapter under a 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -64,6 +65,12 @@ class VllmBackend(ServerProcess):
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-loras", str(c.max_loras), "--max-lora-rank", str(c.max_lora_rank),
                     "--max-cpu-loras", str(max(c.max_cpu_loras, c.max_loras))]
+        if c.startup_adapter is not None:  # attached at start-up, not via the runtime endpoint an API key also guards
+            a = c.startup_adapter
+            cmd += ["--lora-modules", json.dumps({"name": a.name, "path": str(a.path),
+                                                  "base_model_name": c.served_model_name})]
+        if c.api_key:
+            cmd += ["--api-key", c.api_key]
         return cmd + cli_flags(c.extra_args)
 
     def environment(self) -> dict[str, str]:

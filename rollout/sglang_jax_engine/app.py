@@ -6,6 +6,7 @@ postponed (string) annotations the locally imported `Request` would not resolve,
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -60,48 +61,100 @@ def build_engine(args: argparse.Namespace):
 
 
 def build_app(engine, args: argparse.Namespace):
-    """The FastAPI app around `engine`."""
+    """The FastAPI app around `engine`; with --adapter-path that adapter is merged before it answers."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     app = FastAPI()
     lora = MergedLora(engine, Path(args.model))
     state = {"model": args.served_model_name}  # the name of the weights that are live
+    if getattr(args, "adapter_path", None):
+        seconds = lora.load(Path(args.adapter_path))
+        state["model"] = args.adapter_name or args.served_model_name
+        log.info("adapter %s merged at start-up in %.3f s", state["model"], seconds)
     swap_lock = asyncio.Lock()
+    tokenizer = []  # loaded on the first text or chat request (the training client sends token ids)
+
+    def tokenize() -> Any:
+        if not tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer.append(AutoTokenizer.from_pretrained(args.model))
+        return tokenizer[0]
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+    if getattr(args, "api_key", None):
+        @app.middleware("http")
+        async def require_api_key(request: Request, call_next):
+            given = request.headers.get("authorization", "")
+            if request.url.path.startswith("/v1") and not hmac.compare_digest(given, f"Bearer {args.api_key}"):
+                return error(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'")
+            return await call_next(request)
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await request.json()
+    async def generate(body: dict, prompt: list[int]):
+        """(choices, None) for `prompt`'s n samples as `body` asks, or (None, an error response)."""
         if body.get("model", args.served_model_name) != state["model"]:
-            return error(404, f"model {body.get('model')!r} is not live; the engine serves {state['model']!r} "
-                              "(one merged adapter at a time: load it first)")
+            return None, error(404, f"model {body.get('model')!r} is not live; the engine serves {state['model']!r} "
+                                    "(one merged adapter at a time: load it first)")
         if (why := unsupported(body, args.deterministic_sampling)) is not None:
-            return error(400, why)
-        prompt = body.get("prompt")
-        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
-            return error(400, "prompt must be one non-empty list of token ids")
+            return None, error(400, why)
         n, top_n = int(body.get("n", 1)), int(body.get("logprobs") or 0)
         if top_n > args.max_logprobs:
-            return error(400, f"logprobs ({top_n}) exceeds the server's max_logprobs ({args.max_logprobs})")
+            return None, error(400, f"logprobs ({top_n}) exceeds the server's max_logprobs ({args.max_logprobs})")
         if len(prompt) + int(body.get("max_tokens", 16)) > args.max_model_len:
-            return error(400, f"prompt ({len(prompt)} tokens) + max_tokens exceeds max_model_len "
-                              f"({args.max_model_len})")
+            return None, error(400, f"prompt ({len(prompt)} tokens) + max_tokens exceeds max_model_len "
+                                    f"({args.max_model_len})")
         outs = await engine.async_generate(
             input_ids=[list(prompt)] * n, sampling_params=[sampling_params(body, i) for i in range(n)],
             return_logprob=[True] * n, top_logprobs_num=[top_n] * n)
         outs = outs if isinstance(outs, list) else [outs]
-        choices = [choice(i, o, top_n) for i, o in enumerate(outs)]
+        return [choice(i, o, top_n) for i, o in enumerate(outs)], None
+
+    def usage(prompt: list[int], choices: list[dict]) -> dict:
         completion_tokens = sum(len(c["token_ids"]) for c in choices)
+        return {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            prompt = tokenize()(prompt)["input_ids"]
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            return error(400, "prompt must be one non-empty string or list of token ids")
+        choices, failed = await generate(body, prompt)
+        if failed is not None:
+            return failed
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": state["model"], "choices": choices,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
-                          "total_tokens": len(prompt) + completion_tokens}}
+                "model": state["model"], "choices": choices, "usage": usage(prompt, choices)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await request.json()
+        messages = body.pop("messages", None)
+        if not (isinstance(messages, list) and messages):
+            return error(400, "messages must be a non-empty list of {role, content}")
+        if body.get("logprobs") or body.get("top_logprobs"):
+            return error(400, "chat logprobs are not served here; ask /v1/completions with token ids")
+        body.pop("top_logprobs", None)
+        body.pop("logprobs", None)
+        if "max_completion_tokens" in body:  # the newer OpenAI name
+            body["max_tokens"] = body.pop("max_completion_tokens")
+        text = tokenize().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = tokenize()(text, add_special_tokens=False)["input_ids"]  # the template has the special tokens
+        choices, failed = await generate(body, prompt)
+        if failed is not None:
+            return failed
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": state["model"], "usage": usage(prompt, choices),
+                "choices": [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
+                             "finish_reason": c["finish_reason"]} for c in choices]}
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request):

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from orchestration.metrics import read_metrics
 from rollout.config import RolloutConfig
 from rollout.sglang_jax_config import default_sglang_python
-from test_train_e2e import TINY  # the same shrinking to the tiny model
+from test_train_e2e import TINY, serve_and_ask  # the same shrinking to the tiny model; serve's checks
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,9 @@ CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
 SGLANG = ["rollout.backend.kind=sglang_jax", "rollout.backend.kv_cache_space_gb=0.05"]
 
 
-def test_two_training_steps_with_sglang_jax(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def sglang_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """A 2-step run on SGLang-JAX (the run directory)."""
     if not default_sglang_python().exists():
         pytest.skip(f"SGLang-JAX env missing at {default_sglang_python()}: run `bash scripts/setup_sglang_env.sh`")
     try:
@@ -38,16 +40,26 @@ def test_two_training_steps_with_sglang_jax(tmp_path, tiny_model_dir):
         pytest.fail("rollout.config.BackendConfig does not accept kind sglang_jax: add SglangJaxConfig "
                     "(rollout/sglang_jax_config.py) to the union and its case to rollout.backend.setup_backend",
                     pytrace=False)
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path_factory.mktemp("sglang") / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {"PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "orchestration.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY,
            *SGLANG, "train.steps=2"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    rows = read_metrics(run_dir)
+    return run_dir
+
+
+def test_two_training_steps_with_sglang_jax(sglang_run):
+    rows = read_metrics(sglang_run)
     assert [r["step"] for r in rows] == [1, 2], rows
     assert [r["rollout/adapter_version"] for r in rows] == [1, 2], "each step must push (merge) a new version"
     for row in rows:
         for key, value in row.items():
             if isinstance(value, float):
                 assert math.isfinite(value), f"step {row['step']}: {key} = {value}"
+
+
+def test_serve_answers_with_the_adapter_trained_on_sglang_jax(sglang_run):
+    """`orchestration.serve` on a run trained with SGLang-JAX serves it through SGLang-JAX (the adapter merged at
+    start-up), with the same contract as on vLLM: named adapter, API key, completions and chat."""
+    serve_and_ask(sglang_run)

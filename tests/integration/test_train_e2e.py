@@ -239,10 +239,15 @@ def test_async_staleness_is_bounded_and_resume_loses_and_repeats_nothing(async_i
 
 
 def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
-    """`python -m orchestration.serve RUN_DIR` serves the run's adapter by name through the same engine."""
+    run_dir, _ = interrupted_then_resumed
+    serve_and_ask(run_dir)
+
+
+def serve_and_ask(run_dir: Path) -> None:
+    """`python -m orchestration.serve RUN_DIR` serves the run's adapter by name through the run's own engine, behind
+    an API key, for completions and chat completions."""
     import httpx
 
-    run_dir, _ = interrupted_then_resumed
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "orchestration.serve", str(run_dir), "--port", str(port),
                              "--name", "trained", "--api-key", "secret-key"],
@@ -250,7 +255,7 @@ def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
                             start_new_session=True)
     try:
         lines = []
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line and proc.poll() is not None:
@@ -258,13 +263,19 @@ def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
             lines.append(line)
             if line.startswith("  curl "):
                 break
-        url = f"http://127.0.0.1:{port}/v1/completions"
+        url = f"http://127.0.0.1:{port}/v1"
+        auth = {"Authorization": "Bearer secret-key"}
         body = {"model": "trained", "prompt": "Using the numbers", "max_tokens": 5, "temperature": 0}
-        assert httpx.post(url, json=body, timeout=60).status_code == 401, "the API key was not enforced"
-        reply = httpx.post(url, json=body, headers={"Authorization": "Bearer secret-key"}, timeout=120)
+        assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 401, "API key not enforced"
+        reply = httpx.post(f"{url}/completions", json=body, headers=auth, timeout=300)
         assert reply.status_code == 200, reply.text
         assert reply.json()["model"] == "trained"
         assert reply.json()["choices"][0]["text"], "empty completion"
+        chat = {"model": "trained", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                "temperature": 0}
+        reply = httpx.post(f"{url}/chat/completions", json=chat, headers=auth, timeout=300)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == "trained" and reply.json()["choices"][0]["message"]["role"] == "assistant"
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)

@@ -5,6 +5,7 @@ No server is needed: the payload builder and response parser of `VllmBackend` ar
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,28 @@ def test_rollout_rejects_bad_requests_before_any_network_use(tmp_path):
         rollout.generate([[1]], SamplingParams(max_tokens=8, logprobs=3))
     with pytest.raises(RuntimeError, match="call start"):  # only a valid request gets as far as the network
         rollout.generate([[1, 2]], SamplingParams(max_tokens=8))
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang_jax"])
+def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, kind):
+    """`orchestration.serve` builds one backend config for both engines; each engine's command line carries the
+    adapter (merged or attached at start-up, under the run's name) and the API key."""
+    import argparse
+
+    from orchestration.config import load_config
+    from orchestration.serve import serving_backend
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "countdown_smollm2_cpu.yaml",
+                      [f"rollout.backend.kind={kind}", "rollout.backend.python=/x/python"])
+    args = argparse.Namespace(host="0.0.0.0", port=8123, api_key="k3y")
+    cmd = setup_backend(serving_backend(cfg, args, tmp_path / "adapter", "trained"), tmp_path).command(port=8123)
+    assert cmd[cmd.index("--api-key") + 1] == "k3y" and cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    if kind == "vllm":
+        module = json.loads(cmd[cmd.index("--lora-modules") + 1])
+        assert module == {"name": "trained", "path": str(tmp_path / "adapter"), "base_model_name": "base"}
+    else:
+        assert cmd[cmd.index("--adapter-name") + 1] == "trained"
+        assert cmd[cmd.index("--adapter-path") + 1] == str(tmp_path / "adapter")
+    bare = setup_backend(serving_backend(cfg, argparse.Namespace(host="127.0.0.1", port=8123, api_key=None), None,
+                                         "base"), tmp_path).command(port=8123)
+    assert not {"--api-key", "--lora-modules", "--adapter-path"} & set(bare)
