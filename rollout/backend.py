@@ -51,6 +51,10 @@ class RolloutBackend(Protocol):
         """Unregister an adapter; its folder may be deleted afterwards (not before: the engine re-reads it)."""
         ...
 
+    def auth_headers(self) -> dict[str, str]:
+        """Headers every /v1 request needs: the bearer token of a server started with `api_key`, else none."""
+        ...
+
     def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
         """The completions request body for one prompt (n samples), with the engine's quirks applied."""
         ...

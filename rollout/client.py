@@ -50,7 +50,8 @@ class RolloutClient:
         limits = httpx.Limits(max_connections=self.cfg.max_concurrency,
                               max_keepalive_connections=self.cfg.max_concurrency)
         timeout = httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s)
-        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout, event_hooks=hooks)
+        return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout, event_hooks=hooks,
+                                 headers=self.wire.auth_headers())
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams, lora_name: str | None = None,
                        adapter_version: int | None = None, seeds: list[int] | None = None,

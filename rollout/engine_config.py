@@ -66,8 +66,8 @@ class EngineConfig(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server process, applied last."""
     api_key: str | None = None
-    """Bearer token every /v1 route then requires (`orchestration.serve --api-key`); None = open (a training
-    run's engine listens on loopback and only the rollout client talks to it)."""
+    """Bearer token every /v1 route then requires (`orchestration.serve --api-key` sets it; the rollout client and
+    the adapter pushes send it); None = open, as a training run's engine on loopback needs no key."""
     startup_adapter: StartupAdapter | None = None
     """A LoRA adapter attached at start-up (`orchestration.serve` attaches the run's final one); None = none."""
     startup_timeout_s: float = Field(600.0, gt=0)

@@ -153,11 +153,16 @@ class ServerProcess:
         with open(self._log_path, errors="replace") as f:
             return "".join(deque(f, maxlen=n))
 
+    def auth_headers(self) -> dict[str, str]:
+        """The bearer header a server started with `api_key` requires on its /v1 routes."""
+        return {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+
     def _control(self, route: str, body: dict[str, Any]) -> None:
         if self.base_url is None:
             raise RuntimeError(f"{route}: the {self.engine_name} server is not started; call start() first")
         try:
-            resp = httpx.post(f"{self.base_url}{route}", json=body, timeout=self.control_timeout_s)
+            resp = httpx.post(f"{self.base_url}{route}", json=body, headers=self.auth_headers(),
+                              timeout=self.control_timeout_s)
         except httpx.HTTPError as e:
             raise RuntimeError(f"{route} failed ({e!r}); server log:\n{self.log_tail()}") from e
         if resp.status_code != 200:

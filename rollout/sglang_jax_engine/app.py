@@ -78,7 +78,7 @@ def build_app(engine, args: argparse.Namespace):
         if not tokenizer:
             from transformers import AutoTokenizer
 
-            tokenizer.append(AutoTokenizer.from_pretrained(args.model))
+            tokenizer.append(AutoTokenizer.from_pretrained(args.model_dir))  # the view transformers 4.55 reads
         return tokenizer[0]
 
     def error(status: int, message: str) -> JSONResponse:

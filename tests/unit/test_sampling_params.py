@@ -167,3 +167,14 @@ def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, k
     bare = setup_backend(serving_backend(cfg, argparse.Namespace(host="127.0.0.1", port=8123, api_key=None), None,
                                          "base"), tmp_path).command(port=8123)
     assert not {"--api-key", "--lora-modules", "--adapter-path"} & set(bare)
+
+
+def test_a_keyed_engine_gets_its_bearer_token_from_the_client_and_the_control_calls(tmp_path):
+    from rollout.client import RolloutClient
+    from rollout.config import ClientConfig
+
+    keyed = setup_backend(VllmConfig(api_key="k3y"), tmp_path)
+    assert keyed.auth_headers() == {"Authorization": "Bearer k3y"}
+    assert RolloutClient("http://x", ClientConfig(), keyed)._http().headers["authorization"] == "Bearer k3y"
+    open_client = RolloutClient("http://x", ClientConfig(), setup_backend(VllmConfig(), tmp_path))
+    assert "authorization" not in open_client._http().headers
