@@ -20,11 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared env's editable install may be another clone
-
-from orchestration import stats  # noqa: E402
-from orchestration.config import load_config  # noqa: E402
-from orchestration.heldout import eval_prompts, eval_sampling, score_policy  # noqa: E402
+from orchestration import stats
+from orchestration.config import load_config
+from orchestration.heldout import eval_prompts, eval_sampling, score_policy
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "countdown_smollm2_cpu.yaml"
 # The prompt before issue 12 ("current" style): a placeholder and an example answer the model copies.

@@ -19,22 +19,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from learner.batch import TrainBatch  # noqa: E402
-from learner.config import LearnerConfig  # noqa: E402
-from orchestration.prepare_model import TINY, model_dir  # noqa: E402
-from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
-from rollout.fleet import RolloutFleet  # noqa: E402
-from rollout.sampling import SamplingParams  # noqa: E402
+from learner.batch import TrainBatch
+from learner.config import LearnerConfig
+from orchestration.prepare_model import TINY, model_dir
+from rollout.config import RolloutConfig, VllmConfig
+from rollout.fleet import RolloutFleet
+from rollout.sampling import SamplingParams
 
 
 def tokens_per_s(generate, prompts: list[list[int]], params: SamplingParams) -> float:
