@@ -1,7 +1,7 @@
 """Learner benchmark: one GRPO train step on the issue's batch, against this CPU's own matmul speed and Tunix.
 
-    .venv/bin/python bench/bench_learner.py [--model smollm2-135m-instruct] [--steps 2] [--tunix] [--dense]
-        [--prompts 8 --samples 8 --prompt-len 64 --completion-len 192]
+    .venv/bin/python bench/bench_learner.py [--model smollm2-135m-instruct] [--steps 2] [--tunix]
+        [--vs logprob_chunk=0 --vs seq_bucket=16 ...] [--prompts 8 --samples 8 --prompt-len 64 --completion-len 192]
 
 Batch: 8 prompts x 8 samples, 64 prompt + 192 completion tokens, LoRA r16 (defaults of LearnerConfig); the flags
 change it (the demo's shape: --prompts 4 --samples 8 --prompt-len 64 --completion-len 32).
@@ -14,9 +14,9 @@ Prints, measured in this one run:
 - with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
   LoRA, batch, micro-batching) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
   loop (which also owns rollout and threading), so it compares the train step alone;
-- with --dense: the same step with `learner.logprob_chunk: 0`, the dense reference (LM head and log-softmax at
-  every position, [batch, length, vocab] fp32), and ratio = ours / dense: what running the head only at
-  completion positions, in chunks, buys on this batch.
+- with --vs KEY=VALUE (repeatable): the same step by a learner with that `learner.` setting changed, and the
+  ratio of each to ours (the default config), e.g. `--vs logprob_chunk=0` (the dense reference: LM head and
+  log-softmax at every position, [batch, length, vocab] fp32) or `--vs seq_bucket=16` (less padding).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import os
 import resource
 import statistics
 import time
+
+import yaml
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -139,11 +141,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--tunix", action="store_true", help="also time Tunix's GRPO loss step")
-    parser.add_argument("--dense", action="store_true", help="also time the step with learner.logprob_chunk: 0")
+    parser.add_argument("--vs", action="append", default=[], metavar="KEY=VALUE",
+                        help="also time a learner with this learner setting changed (dotted, e.g. grpo.epochs=2)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--completion-len", type=int, default=192)
+    parser.add_argument("--seq-bucket", type=int, help="learner.seq_bucket (default: LearnerConfig's)")
     args = parser.parse_args()
 
     from learner.config import LearnerConfig
@@ -153,14 +157,21 @@ def main() -> None:
 
     path = model_dir(args.model)
     hf = read_hf_config(path)
-    cfg = LearnerConfig.model_validate({"grpo": {"micro_batch_size": args.micro_batch}})
+    cfg = LearnerConfig.model_validate({"grpo": {"micro_batch_size": args.micro_batch},
+                                        **({"seq_bucket": args.seq_bucket} if args.seq_bucket else {})})
     learner = Learner(cfg, path)
     batch = make_batch(hf["vocab_size"], args.prompts, args.samples, args.prompt_len, args.completion_len)
     peak_flops = matmul_flops_per_s()
     steps = {"ours": learner.step}
-    if args.dense:
-        dense = Learner(cfg.model_copy(update={"logprob_chunk": 0}), path)
-        steps["dense"] = dense.step
+    for change in args.vs:
+        key, _, value = change.partition("=")
+        tree = cfg.model_dump()
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node[part]
+        node[leaf] = yaml.safe_load(value)
+        steps[change] = Learner(LearnerConfig.model_validate(tree), path).step
     if args.tunix:
         steps["tunix"] = tunix_step_fn(learner, batch, args.samples)
     medians = time_steps(steps, batch, args.steps)
@@ -173,8 +184,8 @@ def main() -> None:
     print(f"step_s: {ours:.2f}", flush=True)
     print(f"achieved: {achieved / 1e9:.1f} GFLOP/s; matmul peak here: {peak_flops / 1e9:.1f} GFLOP/s; "
           f"mfu_cpu = {achieved / peak_flops:.3f}")
-    if args.dense:
-        print(f"dense_step_s: {medians['dense']:.2f}; ratio ours/dense = {ours / medians['dense']:.3f}")
+    for change in args.vs:
+        print(f"{change}: step_s {medians[change]:.2f}; ratio {change} / ours = {medians[change] / ours:.3f}")
     if args.tunix:
         theirs = medians["tunix"]
         print(f"tunix_loss_step_s: {theirs:.2f}; ratio ours/tunix = {ours / theirs:.3f} (target <= 0.9)")
