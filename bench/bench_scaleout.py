@@ -74,11 +74,11 @@ def learner_ratio(path: Path, args) -> tuple[float, float]:
 
     from learner.group import start_learner
 
-    env = {"env_vars": {"XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}",
-                        "JAX_PLATFORMS": "cpu"}}
-    base = {"seq_bucket": 64, "grpo": {"micro_batch_size": args.rows}, "resources": {"num_cpus": 0}}
-    one = start_learner(LearnerConfig.model_validate(base), path, runtime_env=env)
-    two = start_learner(LearnerConfig.model_validate({**base, "hosts": 2}), path, runtime_env=env)
+    options = {"num_cpus": 0, "runtime_env": {"env_vars": {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}", "JAX_PLATFORMS": "cpu"}}}
+    base = {"seq_bucket": 64, "grpo": {"micro_batch_size": args.rows}}
+    one = start_learner(LearnerConfig.model_validate(base), path, actor_options=options)
+    two = start_learner(LearnerConfig.model_validate({**base, "hosts": 2}), path, actor_options=options)
     batch = toy_batch(args.rows, 0)
     for learner in (one, two):  # compile
         ray.get(learner.step.remote(batch))

@@ -1,9 +1,9 @@
-"""LearnerActor: the Learner inside a Ray actor, with the resources its config asks for.
+"""LearnerActor: the Learner inside a Ray actor, with the Ray options the driver gives it.
 
-Nothing here is CPU-specific: Ray reserves `resources.num_cpus / num_gpus / tpu` chips, and inside the actor
-`jax.devices()` are what Ray exposed (a TPU host's chips, or fake CPU devices when the caller's runtime_env sets
-XLA_FLAGS). The learner then takes its `devices` slice of those. Adapters leave as numpy arrays through Ray's
-object store (`lora_tensors`), so the rollout server never needs a shared filesystem.
+Nothing here is CPU-specific: Ray reserves what the driver asks (the run config's `learner.resources`: CPUs, GPUs,
+`TPU` chips), and inside the actor `jax.devices()` are what Ray exposed (a TPU host's chips, or fake CPU devices
+when the driver's runtime_env sets XLA_FLAGS). The learner then takes its `devices` slice of those. Adapters leave
+as numpy arrays through Ray's object store (`lora_tensors`), so the rollout server never needs a shared filesystem.
 """
 
 from __future__ import annotations
@@ -96,21 +96,12 @@ LearnerActor = ray.remote(LearnerWorker)
 
 
 def start_learner_actor(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None,
-                        runtime_env: dict[str, Any] | None = None, name: str | None = None,
-                        num_processes: int = 1, scheduling_strategy: Any = None):
-    """Start a LearnerActor with the config's resources; `runtime_env` carries platform settings (e.g. XLA_FLAGS).
+                        actor_options: dict[str, Any] | None = None, num_processes: int = 1):
+    """Start a LearnerActor. `actor_options` are the driver's Ray options for it: resources (`num_cpus`, `num_gpus`,
+    `resources={"TPU": chips}`), `runtime_env` (platform settings, e.g. XLA_FLAGS), `scheduling_strategy`.
 
     `num_processes > 1`: one process of a multi-host learner, built when `join` is called (learner/group.py).
     """
-    r = cfg.resources
-    options: dict[str, Any] = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
-    if r.tpu:
-        options["resources"] = {"TPU": r.tpu}
-    if runtime_env:
-        options["runtime_env"] = runtime_env
-    if name:
-        options["name"] = name
-    if scheduling_strategy is not None:
-        options["scheduling_strategy"] = scheduling_strategy
+    options = {"num_cpus": 1, **(actor_options or {})}
     return LearnerActor.options(**options).remote(cfg, str(model_path), str(checkpoint_dir) if checkpoint_dir else None,
                                                   num_processes)

@@ -1,7 +1,8 @@
-"""The learner's typed config: mesh, device slice, resources, LoRA, optimizer and GRPO options.
+"""The learner's typed config: mesh, device slice, hosts, LoRA, optimizer and GRPO options.
 
 The learner receives only this sub-tree (`Learner(cfg.learner, model_path)`). Defaults are the CPU demo's
-(SmolLM2-135M, fp32, one device); a TPU slice changes `devices`, `mesh`, `resources` and `param_dtype` only.
+(SmolLM2-135M, fp32, one device); a TPU slice changes `devices`, `mesh`, `param_dtype` (and the driver's
+`learner.resources`) only.
 Importing this module never imports JAX, so config errors are instant.
 """
 
@@ -42,15 +43,6 @@ class MeshConfig(Strict):
         if sum(s == -1 for s in self.axis_sizes) > 1 or any(s == 0 or s < -1 for s in self.axis_sizes):
             raise ValueError(f"mesh.axis_sizes {self.axis_sizes}: sizes are >= 1 with at most one -1")
         return self
-
-
-class ResourcesConfig(Strict):
-    num_cpus: float = Field(1, ge=0)
-    """CPUs Ray reserves for the learner actor."""
-    num_gpus: float = Field(0, ge=0)
-    """GPUs Ray reserves for the learner actor."""
-    tpu: int = Field(0, ge=0)
-    """TPU chips reserved (Ray custom resource "TPU"); inside the actor `jax.devices()` are then those chips."""
 
 
 class LoraConfig(Strict):
@@ -133,11 +125,10 @@ class LearnerConfig(Strict):
     """Which slice of `jax.devices()` the learner owns."""
     mesh: MeshConfig = MeshConfig()
     """Mesh over that slice."""
-    resources: ResourcesConfig = ResourcesConfig()
-    """What Ray reserves for each learner actor (one per host)."""
     hosts: int = Field(1, ge=1)
     """Learner processes, one Ray actor per host of the learner's slice, joined by `jax.distributed` into one mesh
-    (multi-controller SPMD); each gets `resources`. 1 = a single process (no jax.distributed)."""
+    (multi-controller SPMD); what Ray reserves for each is the driver's `learner.resources` (orchestration/config.py).
+    1 = a single process (no jax.distributed)."""
     topology: str = "cpu"
     """The chips the learner's JAX processes see, as a TPU topology name (e.g. "v5e:2x2": 4 v5e chips; "v5e:2x4":
     8 chips on 2 hosts), or "cpu". Only `orchestration.preflight` reads it: it compiles the step for it."""

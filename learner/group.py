@@ -115,21 +115,23 @@ class LearnerGroup:
 
 
 def start_learner(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None,
-                  runtime_env: dict[str, Any] | None = None, placement: Any = None):
+                  actor_options: dict[str, Any] | None = None, placement: Any = None):
     """The learner as the driver sees it: one LearnerActor (hosts=1) or a LearnerGroup of `cfg.hosts` processes.
 
-    `placement`: a ready placement group with one bundle per host (the driver reserves it), or None (local processes).
+    `actor_options`: each process's Ray options (resources, runtime_env), from the driver. `placement`: a ready
+    placement group with one bundle per host (the driver reserves it), or None (local processes).
 
     Returns at once; the processes connect and load the model in the background (calls queue behind that).
     """
     if cfg.hosts == 1:
-        return start_learner_actor(cfg, model_path, checkpoint_dir, runtime_env)
+        return start_learner_actor(cfg, model_path, checkpoint_dir, actor_options)
     pg = placement
     actors = []
     for i in range(cfg.hosts):
-        strategy = None if pg is None else PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
-        actors.append(start_learner_actor(cfg, model_path, checkpoint_dir, runtime_env, num_processes=cfg.hosts,
-                                          scheduling_strategy=strategy))
+        options = dict(actor_options or {})
+        if pg is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+        actors.append(start_learner_actor(cfg, model_path, checkpoint_dir, options, num_processes=cfg.hosts))
     coordinator = ray.get(actors[0].coordinator_address.remote())
     for i, actor in enumerate(actors):
         actor.join.remote(coordinator, cfg.hosts, i)  # failures surface in the first call's _collect

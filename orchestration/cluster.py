@@ -12,10 +12,12 @@ from pathlib import Path
 
 import ray
 
-from orchestration.config import RayConfig, RunConfig
+from learner.config import LearnerConfig
+from orchestration.config import RayConfig, RunConfig, part_config
 from orchestration.placement import reserve_hosts
 from orchestration.prepare_model import cache_dir
 from orchestration.resources import check_cluster_fits
+from rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
 COMPILE_CACHE_BYTES = 2 << 30  # learner.compile_cache's bound; JAX evicts the least recently used entries past it
@@ -61,7 +63,10 @@ def start_learner(cfg: RunConfig, checkpoint_dir: Path):
 
     check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
     placement = reserve_hosts(cfg.learner.resources, cfg.learner.hosts, "learner", "hosts")
-    return start_learner(cfg.learner, cfg.model.resolved_path, checkpoint_dir, learner_runtime_env(cfg),
+    options = cfg.learner.resources.ray_options()
+    if runtime_env := learner_runtime_env(cfg):
+        options["runtime_env"] = runtime_env
+    return start_learner(part_config(cfg.learner, LearnerConfig), cfg.model.resolved_path, checkpoint_dir, options,
                          placement=placement)
 
 
@@ -71,7 +76,8 @@ def start_rollout(cfg: RunConfig):
     from rollout.fleet import setup_rollout
 
     placement = reserve_hosts(cfg.rollout.resources, cfg.rollout.replicas, "rollout", "replicas")
-    rollout = setup_rollout(cfg.rollout, cfg.model.resolved_path, placement)
+    rollout = setup_rollout(part_config(cfg.rollout, RolloutConfig), cfg.model.resolved_path, placement,
+                            cfg.rollout.resources.ray_options())
     base_url = rollout.start()
     log.info("rollout server (%s, %d replica(s)) ready at %s", cfg.rollout.backend.kind, cfg.rollout.replicas,
              base_url)

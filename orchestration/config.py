@@ -18,7 +18,7 @@ from learner.config import LearnerConfig
 from orchestration.data import DataConfig
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import OFF, active, engine_caps, logprobs_mode
+from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 
@@ -129,10 +129,55 @@ def check_same_transform(backend, sampling: SamplingParams) -> None:
                          "or learner.grpo.is_cap: null")
 
 
+class ActorResources(Strict):
+    """What Ray reserves for one actor of a part: one learner host, or one engine replica. The driver places the
+    parts (orchestration/placement.py, resources.py), so their resources are its keys, not the parts' own."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    """Ray CPUs (an engine's threads are set by rollout.backend.cpu_threads)."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs."""
+    tpu: float = Field(0.0, ge=0)
+    """Ray `TPU` resource (chips); inside the actor `jax.devices()` are then those chips."""
+
+    def ray_options(self) -> dict[str, Any]:
+        """`actor.options(...)` keywords."""
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.tpu:
+            options["resources"] = {"TPU": self.tpu}
+        return options
+
+
+class RolloutSection(RolloutConfig):
+    """`rollout:`: the rollout part's config, plus the Ray resources of each engine server actor."""
+
+    resources: ActorResources = ActorResources()
+    """Ray resources of each server actor (one per replica)."""
+
+    @model_validator(mode="after")
+    def _check_platform(self) -> "RolloutSection":
+        # A platform that contradicts the devices the actor asks Ray for (rollout/capabilities.py).
+        check_platform_resources(self.backend, self.resources.num_gpus, self.resources.tpu)
+        return self
+
+
+class LearnerSection(LearnerConfig):
+    """`learner:`: the learner's config, plus the Ray resources of each learner process (one per host)."""
+
+    resources: ActorResources = ActorResources()
+    """What Ray reserves for each learner actor (one per host)."""
+
+
+def part_config(section: BaseModel, part: type[BaseModel]) -> Any:
+    """What the part itself receives (a `RolloutConfig` or a `LearnerConfig`): the section without the driver's keys,
+    so nothing of orchestration travels into the part's processes."""
+    return part.model_construct(**{name: getattr(section, name) for name in part.model_fields})
+
+
 class RunConfig(Strict):
     model: ModelConfig = ModelConfig()
-    rollout: RolloutConfig
-    learner: LearnerConfig = LearnerConfig()
+    rollout: RolloutSection
+    learner: LearnerSection = LearnerSection()
     rewards: RewardsConfig
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()

@@ -26,8 +26,9 @@ import numpy as np
 from orchestration import signals, stats
 from pydantic import ValidationError
 
-from orchestration.config import ConfigError, RunConfig, format_validation_error, load_config
+from orchestration.config import ConfigError, RunConfig, format_validation_error, load_config, part_config
 from orchestration.data import Prompt
+from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 
 log = logging.getLogger("orchestration.eval")
@@ -114,7 +115,8 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     scores = {}
     ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
     try:
-        with Rollout(cfg.rollout, cfg.model.resolved_path) as rollout:
+        part = part_config(cfg.rollout, RolloutConfig)
+        with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:
             for phase in phases:
                 if phase == "trained":
                     rollout.push_lora(1, *load_adapter(job.adapter_dir))

@@ -15,7 +15,7 @@ PLACEMENT_TIMEOUT_S = 600
 
 
 def reserve_hosts(resources, count: int, section: str, key: str):
-    """A ready STRICT_SPREAD group of `count` bundles of `resources` (the part's ResourcesConfig), or None on CPU.
+    """A ready STRICT_SPREAD group of `count` bundles of `resources` (the section's ActorResources), or None on CPU.
 
     `section`/`key` name the config keys in the error (e.g. "learner", "hosts"), raised when the cluster has no
     `count` distinct nodes with that much after PLACEMENT_TIMEOUT_S.

@@ -102,17 +102,17 @@ class _Parser:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
 
     def expr(self, depth: int) -> Node:
-        node = self.term(depth)
-        while (op := self._peek()) in ("+", "-"):
-            self.pos += 1
-            node = (op, node, self.term(depth))
-        return node
+        return self._left_assoc(("+", "-"), self.term, depth)
 
     def term(self, depth: int) -> Node:
-        node = self.unary(depth)
-        while (op := self._peek()) in ("*", "/"):
+        return self._left_assoc(("*", "/"), self.unary, depth)
+
+    def _left_assoc(self, ops: tuple[str, ...], operand, depth: int) -> Node:
+        """operand (op operand)*, folded to the left: 8 - 3 - 2 is (8 - 3) - 2."""
+        node = operand(depth)
+        while (op := self._peek()) in ops:
             self.pos += 1
-            node = (op, node, self.unary(depth))
+            node = (op, node, operand(depth))
         return node
 
     def unary(self, depth: int) -> Node:

@@ -4,7 +4,7 @@ The driver uses `rollout.handle.Rollout`; configs and data types are re-exported
 imports vllm, torch, jax or ray: the engine runs as a subprocess from its own environment.
 """
 
-from rollout.config import ClientConfig, RolloutConfig, RolloutResources, VllmConfig
+from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.sampling import Completion, SamplingParams
 
-__all__ = ["ClientConfig", "Completion", "RolloutConfig", "RolloutResources", "SamplingParams", "VllmConfig"]
+__all__ = ["ClientConfig", "Completion", "RolloutConfig", "SamplingParams", "VllmConfig"]

@@ -5,8 +5,8 @@ through the Ray object store, are written here as a PEFT adapter in a new folder
 versioned name (`policy-v{k}`). The previous version is unloaded first and its folder deleted only then (vLLM
 re-reads a registered adapter's folder after cache eviction; deleting it early kills the server).
 
-Its resources (CPUs, GPUs, the `TPU` resource) come from `RolloutConfig.resources`, so on a TPU VM it takes its own
-chips. The class is plain Python (testable without Ray); `setup_rollout_server` wraps it as an actor.
+Its resources (CPUs, GPUs, the `TPU` resource) are the driver's Ray options for it (the run config's
+`rollout.resources`), so on a TPU VM it takes its own chips. The class is plain Python (testable without Ray); `setup_rollout_server` wraps it as an actor.
 """
 
 from __future__ import annotations
@@ -130,18 +130,11 @@ class RolloutServer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def setup_rollout_server(cfg: RolloutConfig, model_path: Path, name: str | None = None,
-                         scheduling_strategy: Any = None):
-    """Start a `RolloutServer` Ray actor with the resources from `cfg.resources` (server not started yet);
-    `scheduling_strategy` places it (e.g. one bundle of a fleet's placement group)."""
+def setup_rollout_server(cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None):
+    """Start a `RolloutServer` Ray actor (server not started yet). `actor_options` are the driver's Ray options for
+    it: its resources (`num_cpus`, `num_gpus`, `resources={"TPU": chips}`) and placement (`scheduling_strategy`, e.g.
+    one bundle of a fleet's placement group). Where an engine runs is the driver's call, not the rollout part's."""
     import ray
 
-    res = cfg.resources
-    options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_restarts": 0}
-    if scheduling_strategy is not None:
-        options["scheduling_strategy"] = scheduling_strategy
-    if res.tpu:
-        options["resources"] = {"TPU": res.tpu}
-    if name:
-        options["name"] = name
+    options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": 0}
     return ray.remote(RolloutServer).options(**options).remote(cfg.backend, Path(model_path))

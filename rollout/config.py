@@ -1,8 +1,9 @@
-"""Typed config of the rollout part: which engine, how it is launched, sampling defaults, resources, client.
+"""Typed config of the rollout part: which engine, how it is launched, sampling defaults, replicas, client.
 
 The engine is chosen by one key, `backend.kind`: `backend` is a discriminated union of `VllmConfig` and
 `SglangJaxConfig`, which share their common fields through `EngineConfig` (rollout/engine_config.py). The rollout
-part only ever receives this sub-config (`RolloutConfig`), never the run's root config.
+part only ever receives this sub-config (`RolloutConfig`), never the run's root config. What Ray reserves for each
+server actor is the driver's to decide (the run config's `rollout.resources`, orchestration/config.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
-from rollout.capabilities import check_platform_resources, check_sampling
+from rollout.capabilities import check_sampling
 from rollout.engine_config import EngineConfig, Strict
 from rollout.server_process import engine_interpreter
 from rollout.sglang_jax_config import SglangJaxConfig
@@ -51,17 +52,6 @@ class VllmConfig(EngineConfig):
 BackendConfig = Annotated[Union[VllmConfig, SglangJaxConfig], Field(discriminator="kind")]  # noqa: UP007
 
 
-class RolloutResources(Strict):
-    """What the RolloutServer actor asks Ray for; on a TPU VM it takes its own chips via the `TPU` resource."""
-
-    num_cpus: float = Field(1.0, ge=0)
-    """Ray CPUs reserved for the actor (the engine's threads are set by backend.cpu_threads)."""
-    num_gpus: float = Field(0.0, ge=0)
-    """Ray GPUs for the engine."""
-    tpu: float = Field(0.0, ge=0)
-    """Ray `TPU` resource count (chips) for the engine."""
-
-
 class ClientConfig(Strict):
     """The async HTTP client of the data plane."""
 
@@ -84,10 +74,8 @@ class RolloutConfig(Strict):
     """Engine and launch settings; `kind` picks the engine."""
     sampling: SamplingParams = SamplingParams()
     """Default sampling for generate() calls that pass none."""
-    resources: RolloutResources = RolloutResources()
-    """Ray resources of each server actor (one per replica)."""
     replicas: int = Field(1, ge=1)
-    """Engine servers, each in its own RolloutServer actor with `resources` (on TPU: one per host or chip group);
+    """Engine servers, each in its own RolloutServer actor (on TPU: one per host or chip group);
     prompt groups are spread over them and every adapter version is pushed to all (rollout/fleet.py)."""
     client: ClientConfig = ClientConfig()
     """HTTP client settings."""
@@ -100,9 +88,6 @@ class RolloutConfig(Strict):
         if self.sampling.max_tokens >= self.backend.max_model_len:
             raise ValueError(f"rollout.sampling.max_tokens ({self.sampling.max_tokens}) leaves no room for a prompt "
                              f"in max_model_len ({self.backend.max_model_len}); lower it or raise max_model_len")
-        # What the engine would silently ignore or reject (rollout/capabilities.py), and a platform that
-        # contradicts the devices the actor asks Ray for.
+        # What the engine would silently ignore or reject (rollout/capabilities.py).
         check_sampling(self.backend, self.sampling, "rollout.sampling")
-        r = self.resources
-        check_platform_resources(self.backend, r.num_gpus, r.tpu)
         return self

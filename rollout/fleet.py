@@ -67,9 +67,11 @@ class Replica:
 class RolloutFleet:
     """Generate across N replicas, push every adapter version to all of them, rebuild dead ones."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: Path, replicas: int | None = None, placement: Any = None):
+    def __init__(self, cfg: RolloutConfig, model_path: Path, replicas: int | None = None, placement: Any = None,
+                 actor_options: dict[str, Any] | None = None):
         self.cfg = cfg
         self.model_path = Path(model_path)
+        self._actor_options = actor_options or {}  # each replica's Ray resources, from the driver
         self.n = replicas or cfg.replicas
         self.events: list[str] = []
         """What happened to any replica besides normal work (restarts and why), oldest first. Published at the end
@@ -90,15 +92,13 @@ class RolloutFleet:
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def _new_rollout(self, index: int) -> Rollout:
-        rollout = Rollout(self.cfg, self.model_path)
+        options = dict(self._actor_options)
         if self._placement is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            from rollout.actor import setup_rollout_server
-
-            strategy = PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=index)
-            rollout.actor = setup_rollout_server(self.cfg, self.model_path, scheduling_strategy=strategy)
-        return rollout
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._placement,
+                                                                              placement_group_bundle_index=index)
+        return Rollout(self.cfg, self.model_path, options)
 
     def start(self) -> str:
         """Start every replica's server concurrently (blocks until all are healthy); their base_urls, joined."""
@@ -289,9 +289,11 @@ class RolloutFleet:
         return out
 
 
-def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None) -> Rollout | RolloutFleet:
-    """One `Rollout` (replicas=1) or a `RolloutFleet`; `placement` (reserved by the driver) gives each replica one
-    bundle of a placement group (distinct hosts), None puts them wherever Ray likes. Not started."""
+def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None,
+                  actor_options: dict[str, Any] | None = None) -> Rollout | RolloutFleet:
+    """One `Rollout` (replicas=1) or a `RolloutFleet`, not started. The driver decides where the engines run:
+    `actor_options` are each server actor's Ray resources, and `placement` (a placement group it reserved) gives each
+    replica one bundle (distinct hosts); None puts them wherever Ray likes."""
     if cfg.replicas == 1:
-        return Rollout(cfg, model_path)
-    return RolloutFleet(cfg, model_path, placement=placement)
+        return Rollout(cfg, model_path, actor_options)
+    return RolloutFleet(cfg, model_path, placement=placement, actor_options=actor_options)

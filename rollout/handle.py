@@ -6,7 +6,7 @@ every `Completion` records it. When the server dies mid-generate or mid-push, it
 actor re-loads the current adapter), retries the requests (or the push) once, logs the event and appends it to
 `.events`. Requests can carry per-prompt seeds, so a retried step draws the same samples.
 
-    with Rollout(cfg, model_dir) as rollout:          # start() ... stop()
+    with Rollout(cfg, model_dir) as rollout:          # start() ... stop(); actor_options= from the driver
         groups = rollout.generate([[1, 2, 3]], SamplingParams(n=8, max_tokens=64))
         pause_s = rollout.push_lora(1, tensors, adapter_config)
 """
@@ -35,9 +35,11 @@ log = logging.getLogger(__name__)
 class Rollout:
     """Generate with the current policy, push new LoRA versions, survive a dead server."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: Path):
+    def __init__(self, cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None):
         self.cfg = cfg
         self.model_path = Path(model_path)
+        self.actor_options = actor_options
+        """Ray options of the server actor (resources, placement), from the driver; None: one CPU, anywhere."""
         self.events: list[str] = []
         """What happened to the server besides normal work (restarts and why), oldest first."""
         self.version: int | None = None
@@ -60,7 +62,7 @@ class Rollout:
         import ray
 
         if self.actor is None:
-            self.actor = setup_rollout_server(self.cfg, self.model_path)
+            self.actor = setup_rollout_server(self.cfg, self.model_path, self.actor_options)
         return self._connect(ray.get(self.actor.start.remote()))
 
     def _connect(self, base_url: str) -> str:

@@ -26,10 +26,9 @@ def local_ray():
 
 
 def test_actor_steps_on_its_slice_and_ships_tensors(local_ray, tiny_model_dir):
-    cfg = LearnerConfig.model_validate({"devices": {"offset": 2, "count": 2}, "seq_bucket": 16,
-                                        "resources": {"num_cpus": 1}})
+    cfg = LearnerConfig.model_validate({"devices": {"offset": 2, "count": 2}, "seq_bucket": 16})
     env = {"env_vars": {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}}
-    actor = start_learner_actor(cfg, tiny_model_dir, runtime_env=env)
+    actor = start_learner_actor(cfg, tiny_model_dir, actor_options={"num_cpus": 1, "runtime_env": env})
     assert ray.get(actor.devices.remote(), timeout=300) == ["cpu:2", "cpu:3"]
     metrics = ray.get(actor.step.remote(toy_batch(0)), timeout=300)
     assert np.isfinite(metrics["learner/loss"]) and metrics["learner/grad_norm"] > 0

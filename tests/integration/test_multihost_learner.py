@@ -23,15 +23,16 @@ from learner.learner import Learner
 from test_learner_checkpoint import toy_batch
 
 pytestmark = pytest.mark.integration
-CFG = {"optimizer": {"lr": 1e-2}, "seq_bucket": 16, "grpo": {"micro_batch_size": 4, "mini_batch_size": 4},
-       "resources": {"num_cpus": 0}}
+CFG = {"optimizer": {"lr": 1e-2}, "seq_bucket": 16, "grpo": {"micro_batch_size": 4, "mini_batch_size": 4}}
 TOL = 1e-5
 STOP_BOUND_S = 180  # a run that lost a learner process must exit within this beyond its own steps' time
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_devices(n: int) -> dict:
-    return {"env_vars": {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}}
+    """Each process's Ray options: no CPU reserved (two share the cores), n fake devices."""
+    return {"num_cpus": 0, "runtime_env": {"env_vars": {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}}}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
     ref_lora = one.lora_tensors()[0]
 
     group = start_learner(LearnerConfig.model_validate({**CFG, "hosts": 2}), tiny_model_dir, tmp_path / "ckpt",
-                          runtime_env=fake_devices(2))
+                          actor_options=fake_devices(2))
     assert isinstance(group, LearnerGroup)
     try:
         devices = ray.get(group.devices.remote(), timeout=300)

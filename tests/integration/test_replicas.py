@@ -28,12 +28,11 @@ def test_fleet_spreads_groups_and_pushes_every_version_to_all(tiny_model_dir):
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=8, kv_cache_space_gb=1), replicas=2,
-                        resources={"num_cpus": 0})
+    cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=8, kv_cache_space_gb=1), replicas=2)
     params = SamplingParams(n=3, max_tokens=4, temperature=1.0, ignore_eos=True)
     prompts = [[1, 2, 3 + i] for i in range(6)]
     try:
-        with RolloutFleet(cfg, tiny_model_dir) as fleet:
+        with RolloutFleet(cfg, tiny_model_dir, actor_options={"num_cpus": 0}) as fleet:
             fleet.push_lora(1, *random_peft_adapter(tiny_model_dir, 8, seed=1, scale=0.02))
             groups = fleet.generate(prompts, params)
             assert [len(g) for g in groups] == [3] * 6
