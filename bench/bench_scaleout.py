@@ -65,7 +65,7 @@ def toy_batch(rows: int, seed: int) -> TrainBatch:
     comps = [list(rng.integers(3, 49000, 48)) for _ in range(rows)]
     return TrainBatch([list(rng.integers(3, 49000, 16)) for _ in range(rows)], comps,
                       [list(-rng.random(48) - 1) for _ in range(rows)], rng.random(rows),
-                      np.repeat(np.arange(rows // 4), 4), temperature=1.0)
+                      np.repeat(np.arange(rows // 4), 4))
 
 
 def learner_ratio(path: Path, args) -> tuple[float, float]:
