@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest prompt in tokens (default 256; the shipped tasks' prompts are shorter)")
     p.add_argument("--compare-dense", action="store_true",
                    help="also compile with learner.logprob_chunk=0 (dense logprobs) and show both")
+    p.add_argument("--probe-layers", action="store_true",
+                   help="compile 1- and 2-layer models and extrapolate to the real layer count (seconds, not the "
+                        "whole model's minutes to half an hour; checked against full compiles in the tests)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.remat=true")
     return p.parse_args(argv)
 
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax_cache" / "preflight"))
     from orchestration.preflight_report import run
 
-    return run(cfg, hf_path, args.prompt_tokens, args.compare_dense)
+    return run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -30,6 +31,30 @@ def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)))
     sizes = {k: aot.bytes_per_device(v) for k, v in state.items()}
     return mesh, geo, aot.analyse(compiled, state, geo), sizes, per_device(chip_for(learner_cfg.topology), devices)
+
+
+def with_layers(hf: dict, layers: int) -> dict:
+    """config.json cut to its first `layers` decoder layers (a per-layer list such as layer_types cut alike)."""
+    out = dict(hf, num_hidden_layers=layers)
+    if isinstance(hf.get("layer_types"), list):
+        out["layer_types"] = hf["layer_types"][:layers]
+    return out
+
+
+def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
+    """`_figures` for the whole model from 1- and 2-layer compiles: every per-device figure (state sizes, each
+    piece's live and temp bytes, FLOPs, bytes accessed) taken as a + b * layers, which is how a stack of identical
+    decoder layers grows (weights and optimizer state exactly; activations kept for the backward pass and XLA's
+    temporaries as checked against full compiles by tests/integration/test_preflight.py). Seconds instead of the
+    minutes (CPU) to half an hour (TPU, 2 cores) that a whole model's compile takes."""
+    layers = hf["num_hidden_layers"]
+    (mesh, geo, p1, s1, chip), (_, _, p2, s2, _) = (_figures(cfg, learner_cfg, with_layers(hf, n), max_sequence)
+                                                    for n in (1, 2))
+    line = lambda a, b: a + (layers - 1) * (b - a)
+    fields = ("live_bytes", "temp_bytes", "flops", "bytes_accessed", "optimal_seconds")
+    pieces = [dataclasses.replace(a, **{f: type(getattr(a, f))(line(getattr(a, f), getattr(b, f))) for f in fields})
+              for a, b in zip(p1, p2, strict=True)]
+    return mesh, geo, pieces, {k: int(line(s1[k], s2[k])) for k in s1}, chip
 
 
 def _eos_ids(hf: dict) -> tuple[int, ...]:
@@ -96,7 +121,8 @@ def _advice(cfg: RunConfig, fig: dict) -> str:
             "lower rollout.sampling.max_tokens (and rollout.backend.max_model_len)")
 
 
-def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool) -> int:
+def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool, probe_layers: bool = False
+        ) -> int:
     hf = json.loads(hf_path.read_text())
     s, backend = cfg.rollout.sampling, cfg.rollout.backend
     prompt_tokens = min(prompt_tokens or PROMPT_TOKENS, backend.max_model_len - s.max_tokens)
@@ -107,11 +133,13 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
     elif compare_dense:
         print("preflight: --compare-dense: this learner has no learner.logprob_chunk (logprobs are dense): one variant")
     print(f"preflight: learner on {cfg.learner.topology}, model {hf_path.parent.name} ({hf.get('model_type')}) "
-          f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens")
+          f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens"
+          + (f"; {hf['num_hidden_layers']} layers extrapolated from 1- and 2-layer compiles" if probe_layers else ""))
+    figures_of = _probed_figures if probe_layers else _figures
     figures = None
     for label, lc in variants:
         t0 = time.perf_counter()
-        mesh, geo, pieces, sizes, chip = _figures(cfg, lc, hf, max_sequence)
+        mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence)
         print(f"[{label}] mesh {dict(mesh.shape)}; step: {geo.rows} sequences x {geo.length} tokens, micro-batch "
               f"{geo.micro}, {geo.micro_steps} micro-steps, {geo.updates} update(s), "
               f"{'off' if geo.off_policy else 'on'}-policy; compiled in {time.perf_counter() - t0:.0f} s")

@@ -2,12 +2,14 @@
 
 Compiles only (no weights, no TPU): the TPU configs compile for their `learner.topology` with libtpu from the
 sidecar folder setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu). Each run is one process, as a user
-runs it; a 1-2B model's step compiles in minutes on 2 busy cores, the 7B one in longer (see README "On TPU").
+runs it. CI checks every config with `--probe-layers` (1- and 2-layer compiles, extrapolated), and the probe
+against whole-model compiles of the CPU configs; the whole TPU models compile only on request (preflight_compile).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,25 +36,57 @@ def is_tpu(config: Path) -> bool:
     return "_tpu" in config.name
 
 
-# Whole-model compiles: 4-10 min per CPU config and ~30 min per TPU config on this 2-core machine (README "On TPU"),
-# over CI's budget, so they run only when asked for: `pytest -m preflight_compile tests/integration/test_preflight.py`.
-@pytest.mark.preflight_compile
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_shipped_config_fits(config: Path) -> None:
-    if is_tpu(config) and not (LIBTPU / "libtpu").is_dir():
-        pytest.fail(f"libtpu sidecar missing at {LIBTPU}: scripts/setup_envs.sh installs it")
-    out = preflight("--config", str(config))
+def figures(out: subprocess.CompletedProcess) -> tuple[float, float]:
+    """(total GiB per chip, XLA FLOPs per step) from preflight's report."""
+    total = re.search(r"^  total +([0-9.]+) GiB", out.stdout, re.M)
+    flops = re.search(r"step: XLA FLOPs ([0-9.e+]+) per chip", out.stdout)
+    assert total and flops, out.stdout + out.stderr[-3000:]
+    return float(total.group(1)), float(flops.group(1))
+
+
+def assert_fits(out: subprocess.CompletedProcess) -> None:
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0 and lines and lines[-1].startswith("preflight: fits"), out.stdout + out.stderr[-3000:]
 
 
-@pytest.mark.preflight_compile
+def need_libtpu(config: Path) -> None:
+    if is_tpu(config) and not (LIBTPU / "libtpu").is_dir():
+        pytest.fail(f"libtpu sidecar missing at {LIBTPU}: scripts/setup_envs.sh installs it")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_shipped_config_fits(config: Path) -> None:
+    """Every shipped config, TPU ones for their topology, from 1- and 2-layer compiles (seconds each)."""
+    need_libtpu(config)
+    out = preflight("--config", str(config), "--probe-layers")
+    assert "layers extrapolated from 1- and 2-layer compiles" in out.stdout, out.stdout
+    assert_fits(out)
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if not is_tpu(c)], ids=lambda p: p.stem)
+def test_layer_probe_equals_the_whole_model_compile(config: Path) -> None:
+    """The extrapolation that lets CI check the TPU configs, against whole-model compiles it can afford: SmolLM2
+    (30 identical llama layers) and Gemma 3 270M (18 layers, sliding and global attention mixed)."""
+    whole = figures(preflight("--config", str(config)))
+    probed = figures(preflight("--config", str(config), "--probe-layers"))
+    assert probed == pytest.approx(whole, rel=0.02), f"probe {probed} vs whole model {whole} (GiB, FLOPs)"
+
+
 def test_oversized_micro_batch_names_the_setting() -> None:
-    out = preflight("--config", str(ROOT / "configs" / "countdown_smollm2_cpu.yaml"),
+    out = preflight("--config", str(ROOT / "configs" / "countdown_smollm2_cpu.yaml"), "--probe-layers",
                     "learner.grpo.micro_batch_size=512", "train.prompts_per_step=64", "learner.remat=true")
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 2, out.stdout + out.stderr[-3000:]
     assert last.startswith("preflight: does not fit") and "learner.grpo.micro_batch_size" in last, last
+
+
+# Whole-model TPU compiles take 10-30 min each on 2 cores (README "On TPU"), over CI's budget, so they run only when
+# asked for: `pytest -m preflight_compile tests/integration/test_preflight.py`.
+@pytest.mark.preflight_compile
+@pytest.mark.parametrize("config", [c for c in CONFIGS if is_tpu(c)], ids=lambda p: p.stem)
+def test_shipped_tpu_config_fits_whole_model(config: Path) -> None:
+    need_libtpu(config)
+    assert_fits(preflight("--config", str(config)))
 
 
 def test_missing_libtpu_is_one_line_naming_setup(tmp_path: Path) -> None:
