@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare-dense", action="store_true",
                    help="also compile with learner.logprob_chunk=0 (dense logprobs) and show both")
     p.add_argument("--probe-layers", action="store_true",
-                   help="compile 1- and 2-layer models and extrapolate to the real layer count (seconds, not the "
+                   help="compile 2- and 3-layer models and extrapolate to the real layer count (seconds, not the "
                         "whole model's minutes to half an hour; checked against full compiles in the tests)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.remat=true")
     return p.parse_args(argv)
@@ -78,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["JAX_PLATFORMS"] = "cpu"
     # libtpu takes /tmp/libtpu_lockfile, so a second preflight, or one beside a TPU run, would abort; we open no TPU.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # A TPU step compiles for many minutes on a small CPU box: keep executables for the next run of the same config.
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax_cache" / "preflight"))
+    # A CPU step's executables are kept for the next run of the same config. Not a TPU topology's: without a TPU
+    # client they cannot be read back (a warning per compile, and the compile happens anyway).
+    if cfg.learner.topology in (None, "cpu"):
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax_cache" / "preflight"))
+    else:
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     from orchestration.preflight_report import run
 
     return run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers)

@@ -11,6 +11,8 @@ from orchestration.config import RunConfig
 
 HEADROOM = 0.10  # HBM that must stay free: runtime, fragmentation, the compiler's own misestimates
 GIB = 1 << 30
+PROBE_LAYERS = (2, 3)
+"""Layer counts `--probe-layers` compiles and extrapolates from (see _probed_figures)."""
 PROMPT_TOKENS = 256
 """Default longest prompt: the shipped tasks' chat prompts (system + Countdown or math question) stay under it."""
 
@@ -42,15 +44,18 @@ def with_layers(hf: dict, layers: int) -> dict:
 
 
 def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
-    """`_figures` for the whole model from 1- and 2-layer compiles: every per-device figure (state sizes, each
+    """`_figures` for the whole model from 2- and 3-layer compiles: every per-device figure (state sizes, each
     piece's live and temp bytes, FLOPs, bytes accessed) taken as a + b * layers, which is how a stack of identical
     decoder layers grows (weights and optimizer state exactly; activations kept for the backward pass and XLA's
-    temporaries as checked against full compiles by tests/integration/test_preflight.py). Seconds instead of the
-    minutes (CPU) to half an hour (TPU, 2 cores) that a whole model's compile takes."""
+    temporaries as checked against whole-model compiles by tests/integration/test_preflight.py). Not 1 layer: on
+    TPU a 1-layer program schedules its temporaries unlike any deeper one (Qwen2.5-1.5B on v5e:2x2, logprobs temp
+    0.75 GiB at 1 layer, 1.74 at 2, 3 and 4), and a line through it extrapolated to 28.6 GiB. Seconds instead of the
+    minutes that a whole model's compile takes."""
     layers = hf["num_hidden_layers"]
+    lo, hi = PROBE_LAYERS
     (mesh, geo, p1, s1, chip), (_, _, p2, s2, _) = (_figures(cfg, learner_cfg, with_layers(hf, n), max_sequence)
-                                                    for n in (1, 2))
-    line = lambda a, b: a + (layers - 1) * (b - a)
+                                                    for n in PROBE_LAYERS)
+    line = lambda a, b: a + (layers - lo) * (b - a) / (hi - lo)
     fields = ("live_bytes", "temp_bytes", "flops", "bytes_accessed", "optimal_seconds")
     pieces = [dataclasses.replace(a, **{f: type(getattr(a, f))(line(getattr(a, f), getattr(b, f))) for f in fields})
               for a, b in zip(p1, p2, strict=True)]
@@ -134,7 +139,7 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
         print("preflight: --compare-dense: this learner has no learner.logprob_chunk (logprobs are dense): one variant")
     print(f"preflight: learner on {cfg.learner.topology}, model {hf_path.parent.name} ({hf.get('model_type')}) "
           f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens"
-          + (f"; {hf['num_hidden_layers']} layers extrapolated from 1- and 2-layer compiles" if probe_layers else ""))
+          + (f"; {hf['num_hidden_layers']} layers extrapolated from {PROBE_LAYERS[0]}- and {PROBE_LAYERS[1]}-layer compiles" if probe_layers else ""))
     figures_of = _probed_figures if probe_layers else _figures
     figures = None
     for label, lc in variants:

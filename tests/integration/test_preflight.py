@@ -2,7 +2,7 @@
 
 Compiles only (no weights, no TPU): the TPU configs compile for their `learner.topology` with libtpu from the
 sidecar folder setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu). Each run is one process, as a user
-runs it. CI checks every config with `--probe-layers` (1- and 2-layer compiles, extrapolated), and the probe
+runs it. CI checks every config with `--probe-layers` (2- and 3-layer compiles, extrapolated), and the probe
 against whole-model compiles of the CPU configs; the whole TPU models compile only on request (preflight_compile).
 """
 
@@ -56,10 +56,10 @@ def need_libtpu(config: Path) -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_config_fits(config: Path) -> None:
-    """Every shipped config, TPU ones for their topology, from 1- and 2-layer compiles (seconds each)."""
+    """Every shipped config, TPU ones for their topology, from 2- and 3-layer compiles (seconds each)."""
     need_libtpu(config)
     out = preflight("--config", str(config), "--probe-layers")
-    assert "layers extrapolated from 1- and 2-layer compiles" in out.stdout, out.stdout
+    assert "layers extrapolated from 2- and 3-layer compiles" in out.stdout, out.stdout
     assert_fits(out)
 
 

@@ -103,6 +103,16 @@ def test_cli_config_error_exits_2_without_traceback(tmp_path):
     assert "bogus_section: unknown key" in proc.stderr
     assert "train.steps: Input should be greater than or equal to 1 (got 0)" in proc.stderr
     assert not (tmp_path / "run").exists(), "a config error must not create a run directory"
+    assert proc.stderr.startswith("config error: 2 problems:\n"), proc.stderr
+
+
+def test_cli_one_config_mistake_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--config", str(DEMO), "--run-dir",
+                           str(tmp_path / "run"), "learner.lrr=1e-5"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("config error: learner.lrr"), proc.stderr
+    assert "learner.optimizer.lr" in proc.stderr, proc.stderr
 
 
 def test_engine_is_one_key_and_its_limits_are_checked_at_load():

@@ -145,7 +145,9 @@ def test_a_training_run_with_too_few_puzzles_stops_in_one_line_before_any_cluste
          "--run-dir", str(tmp_path / "run"), "data.train_size=9000"],
         cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "set data.train_size to at most" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("config error: ")]
+    assert len(errors) == 1 and "set data.train_size to at most" in errors[0], proc.stderr[-2000:]
     assert "Ray" not in (tmp_path / "run" / "train.log").read_text(), "the cluster was started before the data check"
 
 
