@@ -2,12 +2,14 @@
 
 Compiles only (no weights, no TPU): the TPU configs compile for their `learner.topology` with libtpu from the
 sidecar folder setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu). Each run is one process, as a user
-runs it. CI checks every config with `--probe-layers` (2- and 3-layer compiles, extrapolated), and the probe
-against whole-model compiles of the CPU configs; the whole TPU models compile only on request (preflight_compile).
+runs it. CI checks every config with `--probe-layers` (2- and 3-layer compiles, extrapolated), the probe against
+whole-model compiles of the CPU configs and of one TPU config; the other whole TPU models compile only on request
+(preflight_compile).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -30,6 +32,12 @@ def preflight(*args: str, env: dict | None = None) -> subprocess.CompletedProces
     full_env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "orchestration.preflight", *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=3000)
+
+
+@functools.cache
+def probed(config: Path) -> subprocess.CompletedProcess:
+    """`--probe-layers` on a shipped config, once per session (the fit test and the probe checks share it)."""
+    return preflight("--config", str(config), "--probe-layers")
 
 
 def is_tpu(config: Path) -> bool:
@@ -58,7 +66,7 @@ def need_libtpu(config: Path) -> None:
 def test_shipped_config_fits(config: Path) -> None:
     """Every shipped config, TPU ones for their topology, from 2- and 3-layer compiles (seconds each)."""
     need_libtpu(config)
-    out = preflight("--config", str(config), "--probe-layers")
+    out = probed(config)
     assert "layers extrapolated from 2- and 3-layer compiles" in out.stdout, out.stdout
     assert_fits(out)
 
@@ -68,8 +76,23 @@ def test_layer_probe_equals_the_whole_model_compile(config: Path) -> None:
     """The extrapolation that lets CI check the TPU configs, against whole-model compiles it can afford: SmolLM2
     (30 identical llama layers) and Gemma 3 270M (18 layers, sliding and global attention mixed)."""
     whole = figures(preflight("--config", str(config)))
-    probed = figures(preflight("--config", str(config), "--probe-layers"))
-    assert probed == pytest.approx(whole, rel=0.02), f"probe {probed} vs whole model {whole} (GiB, FLOPs)"
+    probe = figures(probed(config))
+    assert probe == pytest.approx(whole, rel=0.02), f"probe {probe} vs whole model {whole} (GiB, FLOPs)"
+
+
+def test_layer_probe_on_tpu_is_within_the_headroom() -> None:
+    """On TPU no line through small models is exact (XLA schedules a whole model's temporaries differently): the
+    probe must stay close enough that its verdict holds. Measured, probe / whole model: Qwen2.5-1.5B v5e:2x2 1.21,
+    Qwen2.5-7B v5e:2x4 1.18, this config (Gemma 3 1B, 26 layers of mixed attention, v5e:2x4) 0.94, the one below
+    1: so it is the one CI compiles whole (about 100 s here)."""
+    from orchestration.preflight_report import HEADROOM
+
+    config = ROOT / "configs" / "math_gemma3-1b_tpu_2hosts.yaml"
+    need_libtpu(config)
+    (whole, whole_flops), (probe, probe_flops) = figures(preflight("--config", str(config))), figures(probed(config))
+    assert probe_flops == pytest.approx(whole_flops, rel=0.02)
+    assert whole <= probe / (1 - HEADROOM), f"whole model {whole} GiB is past the probe's {probe} + headroom"
+    assert probe <= 1.3 * whole, f"probe {probe} GiB is far above the whole model's {whole}"
 
 
 def test_oversized_micro_batch_names_the_setting() -> None:
@@ -80,8 +103,8 @@ def test_oversized_micro_batch_names_the_setting() -> None:
     assert last.startswith("preflight: does not fit") and "learner.grpo.micro_batch_size" in last, last
 
 
-# Whole-model TPU compiles take 10-30 min each on 2 cores (README "On TPU"), over CI's budget, so they run only when
-# asked for: `pytest -m preflight_compile tests/integration/test_preflight.py`.
+# Whole-model TPU compiles take 100-170 s each on an idle 2-core box (README "Preflight"): the other two run only
+# when asked for, `pytest -m preflight_compile tests/integration/test_preflight.py`, to keep the suite's time.
 @pytest.mark.preflight_compile
 @pytest.mark.parametrize("config", [c for c in CONFIGS if is_tpu(c)], ids=lambda p: p.stem)
 def test_shipped_tpu_config_fits_whole_model(config: Path) -> None:
