@@ -4,8 +4,15 @@ a chunk of positions at a time, and truncation masks without a full-vocabulary s
 `window_logprobs` takes the final hidden states [B, L, D], gathers the completion window [B, W] (W = the
 longest completion, bucketed), and maps over chunks of `chunk` positions: per chunk it applies the LM head
 ([B, chunk, V] fp32, the largest array), the engine's processing (min_tokens, penalties, temperature, min-p,
-top-k, top-p) and the log-softmax. Each chunk is rematerialised in the backward pass (`jax.checkpoint`), so the
-[B, W, V] logits never exist at once, forward or backward. The results are scattered back to [B, L].
+top-k, top-p) and the log-softmax. The results are scattered back to [B, L]. The [B, W, V] logits never exist
+at once, forward or backward:
+- `fused_grad` (a train step's loss): each chunk also computes J = d logp / d hidden [B, chunk, D] in the forward
+  pass (Liger's fused linear cross-entropy idea). A position's logp depends on its own hidden state only (the
+  head is per position; the penalties' counts come from the sampled tokens, the truncation mask is held fixed),
+  so the backward pass is cotangent * J: the head runs twice per position (forward, d hidden) instead of three
+  times (forward, again in a rematerialised backward, d hidden), and only J is kept, not the logits.
+- otherwise each chunk is rematerialised in the backward pass (`jax.checkpoint`): plain autodiff, the reference
+  `fused_grad` is tested against, and free where no gradient is taken (old and reference logprobs).
 
 Truncation masks (`keep_mask`), exact with respect to the dense reference `loss.dense_sampling_logprobs`:
 - min-p: one max.
@@ -170,10 +177,11 @@ def _prompt_seen(tokens: jax.Array, valid: jax.Array, window: jax.Array, vocab: 
 
 def window_logprobs(
     hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab: int, mb, s: SamplingTransform, chunk: int,
-    with_entropy: bool, raw: bool,
+    with_entropy: bool, raw: bool, fused_grad: bool = False,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb`, `chunk` positions at a
-    time; zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V]."""
+    time; zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V]. With `fused_grad` only logp
+    carries a gradient (entropy is detached either way; raw logp is only ever compared, detached)."""
     tokens, all_targets, valid, loss_mask, window = map(jnp.asarray, (mb.tokens, mb.targets, mb.valid,
                                                                       mb.loss_mask, mb.window))
     b, length = tokens.shape
@@ -193,8 +201,21 @@ def window_logprobs(
         hist = _history(s, targets, mask, j, t, m, prompt_seen, vocab) if s.needs_history else None
         return transform_logprobs(head(h), t, s, with_entropy, hist, raw)
 
+    def fused(xs):
+        # Exact for the gradient with respect to hidden (and so the decoder's LoRA). The head's own weights are
+        # frozen base weights (LoRA targets decoder projections only); were they differentiated, autodiff would
+        # still be right but would keep each chunk's logits for their backward pass.
+        h = xs[0]
+        split_out = lambda hh: (lambda o: (o[0], o[1:]))(one((hh, *xs[1:])))
+        logp, pull, rest = jax.vjp(split_out, jax.lax.stop_gradient(h), has_aux=True)
+        jac = jax.lax.stop_gradient(pull(jnp.ones_like(logp))[0]).astype(jnp.float32)  # d logp_i / d h_i
+        # Value: logp exactly (x - x is 0); gradient with respect to h: jac.
+        x = jnp.sum(h.astype(jnp.float32) * jac, axis=-1)
+        return (logp + (x - jax.lax.stop_gradient(x)), *rest)
+
     split = lambda x: x.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
-    outs = jax.lax.map(jax.checkpoint(one), (split(hidden[rows, win]), split(targets), split(mask), split(slots)))
+    outs = jax.lax.map(fused if fused_grad else jax.checkpoint(one),
+                       (split(hidden[rows, win]), split(targets), split(mask), split(slots)))
     full = lambda o: None if o is None else jnp.zeros((b, length), jnp.float32).at[rows, win].add(
         jnp.where(mask > 0, o.swapaxes(0, 1).reshape(b, n * chunk), 0.0))
     return tuple(full(o) for o in outs)

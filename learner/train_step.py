@@ -60,17 +60,19 @@ def zero_b(lora: dict) -> dict:
             for k, v in lora.items()}
 
 
-def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entropy: bool, raw: bool, chunk: int):
+def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entropy: bool, raw: bool, chunk: int,
+              fused_grad: bool = False):
     """(logp under the transform, entropy or None, raw logp or None), [B, L] each.
 
     chunk > 0: LM head and transform at completion positions only, `chunk` positions at a time (bounded
-    memory); chunk = 0: the dense reference over full [B, L, V] logits (no penalties or min_tokens).
+    memory; `fused_grad`: d logp / d hidden taken in the forward pass, for the loss); chunk = 0: the dense
+    reference over full [B, L, V] logits (no penalties or min_tokens).
     """
     model = merge(parts._replace(base=base), lora)
     if chunk > 0:
         hidden, head = forward_hidden(model, mb.tokens, mb.valid)
         vocab = jax.eval_shape(head, jax.ShapeDtypeStruct((1, hidden.shape[-1]), hidden.dtype)).shape[-1]
-        return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw)
+        return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw, fused_grad)
     if s.needs_history:
         raise ValueError(f"learner.logprob_chunk=0 (dense reference) does not model penalties or min_tokens ({s}); "
                          "set learner.logprob_chunk > 0")
@@ -99,7 +101,7 @@ def make_accumulate_fn(parts: ModelParts, sampling: SamplingTransform, opts: Los
     """
 
     def loss_fn(lora, base, mb, old_logp, old_cmp):
-        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw, chunk)
+        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw, chunk, fused_grad=True)
         if not off_policy:
             old_logp = jax.lax.stop_gradient(logp)
             old_cmp = jax.lax.stop_gradient(raw_logp if raw else logp)

@@ -2,8 +2,10 @@
 
 - `keep_mask` (top-k by partial selection, top-p from the top-k candidates or by bisection) equals the dense
   full-sort mask exactly, on random logits and on logits with many ties;
-- `window_logprobs` (LM head at completion positions only, in chunks, rematerialised) equals
-  `dense_sampling_logprobs` within 1e-6, values and gradients, for several sampling settings and chunk sizes;
+- `window_logprobs` (LM head at completion positions only, in chunks) equals `dense_sampling_logprobs` within
+  1e-6, values and gradients, for several sampling settings and chunk sizes, both ways of taking the gradient
+  (fused: d logp / d hidden in the forward pass; plain autodiff of rematerialised chunks);
+- with penalties and min_tokens (no dense reference) the fused gradient equals plain autodiff's;
 - with penalties and min_tokens it equals a NumPy transcription of vLLM's sampler (apply_penalties,
   MinTokensLogitsProcessor, then temperature / min-p / top-k / top-p), and without the modelling it does not.
 """
@@ -58,12 +60,13 @@ def head_and_hidden(seed: int, shape):
 
 @pytest.mark.parametrize("s", SAMPLINGS[:6], ids=str)
 @pytest.mark.parametrize("chunk", [5, 64])  # several chunks, the last padded; one padded chunk
-def test_window_logprobs_equal_the_dense_reference(s, chunk):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_grad", "autodiff"])
+def test_window_logprobs_equal_the_dense_reference(s, chunk, fused):
     p = pack(random_batch(0, s), np.zeros(5), bucket=4, rows=6)
     head, hidden = head_and_hidden(1, p.tokens.shape)
     m = p.loss_mask > 0
 
-    chunked = jax.jit(lambda h: window_logprobs(h, head, V, p, s, chunk, True, True))
+    chunked = jax.jit(lambda h: window_logprobs(h, head, V, p, s, chunk, True, True, fused_grad=fused))
 
     logp, ent, raw = chunked(hidden)
     want, want_ent = dense_sampling_logprobs(head(hidden), jnp.asarray(p.targets), s, True)
@@ -169,3 +172,19 @@ def test_hidden_forward_and_head_equal_the_model_logits(model_type, tied):
     hidden, head = forward_hidden(nnx.merge(graphdef, state), tokens, valid)  # a copy: the head is switched off
     assert hidden.shape == (2, 7, 32)
     np.testing.assert_allclose(head(hidden), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("s", PENALTIES.values(), ids=PENALTIES.keys())
+def test_fused_gradient_equals_autodiff_under_penalties(s):
+    """The fused gradient rests on each position's logp depending on its own hidden state only; penalties and
+    min_tokens make logits depend on earlier tokens (not on earlier hidden states), so it must still hold."""
+    batch = random_batch(4, s, n=6, first=[3, 3, 3, 9, 3, 9, 9])
+    p = pack(batch, np.zeros(6), bucket=4)
+    head, hidden = head_and_hidden(5, p.tokens.shape)
+    weights = jnp.asarray(np.random.default_rng(6).normal(size=p.tokens.shape).astype(np.float32)) * p.loss_mask
+    loss = lambda fused: jax.jit(jax.value_and_grad(
+        lambda h: (window_logprobs(h, head, V, p, s, 5, True, True, fused_grad=fused)[0] * weights).sum()))
+    (v_fused, g_fused), (v_plain, g_plain) = loss(True)(hidden), loss(False)(hidden)
+    assert float(v_fused) == float(v_plain), "the fused path must not change the value"
+    assert np.abs(np.asarray(g_plain)).max() > 1e-3, "vacuous: no gradient to compare"
+    np.testing.assert_allclose(g_fused, g_plain, rtol=1e-5, atol=1e-6)  # float32 rounding of gradients ~4
