@@ -140,8 +140,9 @@ class LearnerConfig(Strict):
     seq_bucket: int = Field(64, ge=1)
     """Padded sequence lengths are multiples of this, so jit compiles once per bucket, not per batch."""
     logprob_chunk: int = Field(128, ge=0)
-    """Completion positions per chunk of the LM head + sampling transform + log-softmax: each chunk holds
-    micro_batch_size x logprob_chunk x vocab fp32 logits, and only completion positions are computed (penalties
+    """Most completion positions per chunk of the LM head + sampling transform + log-softmax: each chunk holds at
+    most micro_batch_size x logprob_chunk x vocab fp32 logits; the window is split into even chunks (192 positions
+    in 2 of 96, not 128 + a padded 128), and only completion positions are computed (penalties
     and min_tokens need > 0). 0 = the dense reference: full [micro_batch, L, vocab] fp32 logits, as before."""
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""

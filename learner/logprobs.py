@@ -175,6 +175,16 @@ def _prompt_seen(tokens: jax.Array, valid: jax.Array, window: jax.Array, vocab: 
     return jnp.zeros((tokens.shape[0], vocab), bool).at[rows, tokens].max(in_prompt)
 
 
+def balanced_chunks(width: int, chunk: int) -> tuple[int, int]:
+    """(n, c): `width` positions in n = ceil(width / chunk) chunks of c <= `chunk` positions, as even as they go
+    (a multiple of 8 where that stays <= `chunk`). Not n - 1 full chunks and a padded last one: a window of 192 in
+    chunks of 128 would run the LM head at 256 positions, 96 of 192 does it at 192."""
+    n = -(-width // chunk)
+    even = -(-width // n)
+    rounded = -(-even // 8) * 8
+    return n, rounded if rounded <= chunk else even
+
+
 def window_logprobs(
     hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab: int, mb, s: SamplingTransform, chunk: int,
     with_entropy: bool, raw: bool, fused_grad: bool = False,
@@ -186,7 +196,7 @@ def window_logprobs(
                                                                       mb.loss_mask, mb.window))
     b, length = tokens.shape
     width = window.shape[1]
-    n = -(-width // chunk)
+    n, chunk = balanced_chunks(width, chunk)
     win = jnp.pad(window, ((0, 0), (0, n * chunk - width)), mode="edge")
     rows = jnp.arange(b)[:, None]
     slots = jnp.broadcast_to(jnp.arange(n * chunk, dtype=jnp.int32), win.shape)

@@ -30,19 +30,25 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
 
     XLA's cost analysis counts a while loop's body once (Qwen2.5-1.5B on v5e:2x2: 46.5 TFLOP per accumulate call
     with 8 chunks of 128 completion positions, 49.9 with one chunk of 1024). The body (LM head and transform over
-    one chunk) does not depend on the decoder depth, so a shallow model (`small`, compiled at the config's chunk:
-    `small_pieces`, or compiled here) measures it: chunks of c and of 2c positions differ by one body of c. Each
-    piece gets (n - 1) bodies more, n = the window's chunks."""
-    chunk = getattr(learner_cfg, "logprob_chunk", 0)
-    n = -(-geo.window // chunk) if chunk else 1
+    one chunk) grows linearly with its positions and does not depend on the decoder depth, so a shallow model
+    (`small`, compiled at the config's chunk: `small_pieces`, or compiled here) measures it: the whole window in one
+    chunk (W positions) against chunks of c gives a position's share, and each piece gets (n - 1) x c more."""
+    from learner.logprobs import balanced_chunks
+
+    configured = getattr(learner_cfg, "logprob_chunk", 0)
+    if not configured:
+        return pieces
+    n, c = balanced_chunks(geo.window, configured)
     if n <= 1:
         return pieces
-    at = lambda c: _compiled_figures(cfg, learner_cfg.model_copy(update={"logprob_chunk": c}), small,
-                                     max_sequence)[2]
-    one, two = small_pieces or at(chunk), at(2 * chunk)
-    body = {a.name: (b.flops - a.flops, b.bytes_accessed - a.bytes_accessed) for a, b in zip(one, two, strict=True)}
-    return [dataclasses.replace(p, flops=p.flops + (n - 1) * body[p.name][0],
-                                bytes_accessed=p.bytes_accessed + (n - 1) * body[p.name][1]) for p in pieces]
+    at = lambda chunk: _compiled_figures(cfg, learner_cfg.model_copy(update={"logprob_chunk": chunk}), small,
+                                         max_sequence)[2]
+    chunked, whole = small_pieces or at(configured), at(geo.window)
+    share = (n - 1) * c / (geo.window - c)
+    extra = {a.name: (b.flops - a.flops, b.bytes_accessed - a.bytes_accessed) for a, b in zip(chunked, whole,
+                                                                                                strict=True)}
+    return [dataclasses.replace(p, flops=p.flops + share * extra[p.name][0],
+                                bytes_accessed=p.bytes_accessed + share * extra[p.name][1]) for p in pieces]
 
 
 def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):

@@ -6,6 +6,7 @@
   1e-6, values and gradients, for several sampling settings and chunk sizes, both ways of taking the gradient
   (fused: d logp / d hidden in the forward pass; plain autodiff of rematerialised chunks);
 - with penalties and min_tokens (no dense reference) the fused gradient equals plain autodiff's;
+- the chunks split the window evenly (no padded last chunk) within the asked size;
 - with penalties and min_tokens it equals a NumPy transcription of vLLM's sampler (apply_penalties,
   MinTokensLogitsProcessor, then temperature / min-p / top-k / top-p), and without the modelling it does not.
 """
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from learner.batch import TrainBatch, pack
-from learner.logprobs import keep_mask, window_logprobs
+from learner.logprobs import balanced_chunks, keep_mask, window_logprobs
 from learner.loss import _dense_keep_mask, dense_sampling_logprobs
 from learner.sampling import SamplingTransform as ST
 
@@ -188,3 +189,13 @@ def test_fused_gradient_equals_autodiff_under_penalties(s):
     assert float(v_fused) == float(v_plain), "the fused path must not change the value"
     assert np.abs(np.asarray(g_plain)).max() > 1e-3, "vacuous: no gradient to compare"
     np.testing.assert_allclose(g_fused, g_plain, rtol=1e-5, atol=1e-6)  # float32 rounding of gradients ~4
+
+
+@pytest.mark.parametrize("width,chunk,want", [(192, 128, (2, 96)), (1024, 128, (8, 128)), (96, 128, (1, 96)),
+                                              (12, 5, (3, 4)), (200, 64, (4, 56)), (130, 128, (2, 72))])
+def test_chunks_are_balanced_and_never_larger_than_asked(width, chunk, want):
+    """The head runs at n x c positions: as few over the window as n chunks allow, each chunk within the memory
+    bound `chunk` (a multiple of 8 where that fits, for the matmul's row tiles)."""
+    n, c = balanced_chunks(width, chunk)
+    assert (n, c) == want
+    assert c <= chunk and n * c >= width and n == -(-width // chunk)
