@@ -2,7 +2,7 @@
 a chunk of positions at a time, and truncation masks without a full-vocabulary sort.
 
 `window_logprobs` takes the final hidden states [B, L, D], gathers the completion window [B, W] (W = the
-longest completion, bucketed), and maps over chunks of `chunk` positions: per chunk it applies the LM head
+longest completion, bucketed), and maps over even chunks of at most `chunk` positions: per chunk it applies the LM head
 ([B, chunk, V] fp32, the largest array), the engine's processing (min_tokens, penalties, temperature, min-p,
 top-k, top-p) and the log-softmax. The results are scattered back to [B, L]. The [B, W, V] logits never exist
 at once, forward or backward:
@@ -189,9 +189,10 @@ def window_logprobs(
     hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab: int, mb, s: SamplingTransform, chunk: int,
     with_entropy: bool, raw: bool, fused_grad: bool = False,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
-    """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb`, `chunk` positions at a
-    time; zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V]. With `fused_grad` only logp
-    carries a gradient (entropy is detached either way; raw logp is only ever compared, detached)."""
+    """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb`, at most `chunk` positions
+    at a time (`balanced_chunks`); zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V].
+    With `fused_grad` only logp carries a gradient (entropy is detached either way; raw logp is only ever compared,
+    detached)."""
     tokens, all_targets, valid, loss_mask, window = map(jnp.asarray, (mb.tokens, mb.targets, mb.valid,
                                                                       mb.loss_mask, mb.window))
     b, length = tokens.shape
@@ -216,8 +217,12 @@ def window_logprobs(
         # frozen base weights (LoRA targets decoder projections only); were they differentiated, autodiff would
         # still be right but would keep each chunk's logits for their backward pass.
         h = xs[0]
-        split_out = lambda hh: (lambda o: (o[0], o[1:]))(one((hh, *xs[1:])))
-        logp, pull, rest = jax.vjp(split_out, jax.lax.stop_gradient(h), has_aux=True)
+
+        def logp_and_rest(hh):  # logp is differentiated; entropy and raw logp ride along undifferentiated
+            logp, *rest = one((hh, *xs[1:]))
+            return logp, tuple(rest)
+
+        logp, pull, rest = jax.vjp(logp_and_rest, jax.lax.stop_gradient(h), has_aux=True)
         jac = jax.lax.stop_gradient(pull(jnp.ones_like(logp))[0]).astype(jnp.float32)  # d logp_i / d h_i
         # Value: logp exactly (x - x is 0); gradient with respect to h: jac.
         x = jnp.sum(h.astype(jnp.float32) * jac, axis=-1)

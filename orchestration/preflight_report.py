@@ -28,8 +28,9 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
                            small_pieces=None):
     """`pieces` with the chunked logprob loop's FLOPs and bytes counted for every chunk, not once.
 
-    XLA's cost analysis counts a while loop's body once (Qwen2.5-1.5B on v5e:2x2: 46.5 TFLOP per accumulate call
-    with 8 chunks of 128 completion positions, 49.9 with one chunk of 1024). The body (LM head and transform over
+    XLA's cost analysis counts a while loop's body once (Qwen2.5-1.5B on v5e:2x2, `--probe-layers` at c46c81c,
+    before this correction: 46.5 TFLOP per accumulate call with 8 chunks of 128 completion positions, 49.9 with
+    `learner.logprob_chunk=1024`, one chunk). The body (LM head and transform over
     one chunk) grows linearly with its positions and does not depend on the decoder depth, so a shallow model
     (`small`, compiled at the config's chunk: `small_pieces`, or compiled here) measures it: the whole window in one
     chunk (W positions) against chunks of c gives a position's share, and each piece gets (n - 1) x c more."""
@@ -174,7 +175,8 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
         print("preflight: --compare-dense: this learner has no learner.logprob_chunk (logprobs are dense): one variant")
     print(f"preflight: learner on {cfg.learner.topology}, model {hf_path.parent.name} ({hf.get('model_type')}) "
           f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens"
-          + (f"; {hf['num_hidden_layers']} layers extrapolated from {PROBE_LAYERS[0]}- and {PROBE_LAYERS[1]}-layer compiles" if probe_layers else ""))
+          + (f"; {hf['num_hidden_layers']} layers extrapolated from {PROBE_LAYERS[0]}- and {PROBE_LAYERS[1]}-layer "
+             "compiles" if probe_layers else ""))
     figures_of = _probed_figures if probe_layers else _figures
     figures = None
     for label, lc in variants:

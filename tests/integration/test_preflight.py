@@ -64,7 +64,7 @@ def need_libtpu(config: Path) -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_config_fits(config: Path) -> None:
-    """Every shipped config, TPU ones for their topology, from 2- and 3-layer compiles (seconds each)."""
+    """Every shipped config, TPU ones for their topology, from 2- and 3-layer compiles (6-118 s each here)."""
     need_libtpu(config)
     out = probed(config)
     assert "layers extrapolated from 2- and 3-layer compiles" in out.stdout, out.stdout
@@ -82,9 +82,9 @@ def test_layer_probe_equals_the_whole_model_compile(config: Path) -> None:
 
 def test_layer_probe_on_tpu_is_within_the_headroom() -> None:
     """On TPU no line through small models is exact (XLA schedules a whole model's temporaries differently): the
-    probe must stay close enough that its verdict holds. Measured, probe / whole model: Qwen2.5-1.5B v5e:2x2 1.21,
-    Qwen2.5-7B v5e:2x4 1.18, this config (Gemma 3 1B, 26 layers of mixed attention, v5e:2x4) 0.94, the one below
-    1: so it is the one CI compiles whole (about 100 s here)."""
+    probe must stay close enough that its verdict holds. Measured (README's preflight table), probe / whole
+    model: Qwen2.5-1.5B v5e:2x2 1.21, Qwen2.5-7B v5e:2x4 1.17, this config (Gemma 3 1B, 26 layers of mixed
+    attention, v5e:2x4) 0.97, the one below 1: so it is the one CI compiles whole (132 s here)."""
     from orchestration.preflight_report import HEADROOM
 
     config = ROOT / "configs" / "math_gemma3-1b_tpu_2hosts.yaml"
@@ -103,7 +103,7 @@ def test_oversized_micro_batch_names_the_setting() -> None:
     assert last.startswith("preflight: does not fit") and "learner.grpo.micro_batch_size" in last, last
 
 
-# Whole-model TPU compiles take 100-170 s each on an idle 2-core box (README "Preflight"): the other two run only
+# Whole-model TPU compiles take 130-160 s each on an idle 2-core box (README "Preflight"): the other two run only
 # when asked for, `pytest -m preflight_compile tests/integration/test_preflight.py`, to keep the suite's time.
 @pytest.mark.preflight_compile
 @pytest.mark.parametrize("config", [c for c in CONFIGS if is_tpu(c)], ids=lambda p: p.stem)

