@@ -2,12 +2,16 @@
 
 Over thousands of adversarial strings (tag soup, operator and nesting bombs, code, unicode) every reward must
 return a value in its declared range, within 100 ms of CPU time, without raising, importing, opening files or
-running code. An audit hook (PEP 578) watches for the side effects while a reward runs; `compile` is allowed because
+running code. The time bound is on the reward's own cost, which is a property of the input: the garbage collector
+is off while a reward runs (a full collection walks the whole process's heap, JAX's included: 0.86 s once in CI),
+and a call over the bound is measured twice more, its least time judged, so one pause of a loaded machine cannot
+fail the test while a real blow-up (catastrophic backtracking, a quadratic scan) still does, every time. An audit hook (PEP 578) watches for the side effects while a reward runs; `compile` is allowed because
 `ast.parse` raises it while only building a syntax tree.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -59,9 +63,11 @@ numbers = st.lists(st.integers(1, 100), min_size=3, max_size=4)
 REPETITION = RepetitionPenalty()
 
 
-def _timed(fn, *args) -> float:
+def _cpu_seconds(fn, *args):
+    """(value, CPU seconds of this thread) of one call, the collector off (its pauses are not the call's cost)."""
     global _watching
-    before = set(sys.modules)
+    was_enabled = gc.isenabled()
+    gc.disable()
     _watching = True
     start = time.thread_time()  # CPU time of this thread: other jobs on the shared cores do not count
     try:
@@ -69,6 +75,18 @@ def _timed(fn, *args) -> float:
     finally:
         elapsed = time.thread_time() - start
         _watching = False
+        if was_enabled:
+            gc.enable()
+    return value, elapsed
+
+
+def _timed(fn, *args) -> float:
+    before = set(sys.modules)
+    value, elapsed = _cpu_seconds(fn, *args)
+    for _ in range(2):  # over the bound: a blow-up repeats, a pause of the machine does not
+        if elapsed < CPU_LIMIT_S:
+            break
+        elapsed = min(elapsed, _cpu_seconds(fn, *args)[1])
     assert elapsed < CPU_LIMIT_S, f"{fn.__module__}.{fn.__qualname__} took {elapsed:.3f} s on {args[0][:80]!r}"
     assert set(sys.modules) == before, f"scoring imported {set(sys.modules) - before}"
     assert not _watch, f"scoring raised audit events {_watch} on {args[0][:80]!r}"
@@ -114,3 +132,16 @@ def test_audit_hook_would_catch_a_file_write(tmp_path) -> None:
         _watching = False
     seen, _watch[:] = list(_watch), []
     assert "open" in seen
+
+
+def test_time_bound_would_catch_a_slow_reward() -> None:
+    """Guards the time guard: a reward that is slow on every call still fails, re-measuring or not."""
+
+    def slow(_completion: str) -> float:
+        end = time.thread_time() + 2 * CPU_LIMIT_S
+        while time.thread_time() < end:
+            pass
+        return 0.0
+
+    with pytest.raises(AssertionError, match="took"):
+        _timed(slow, "x")
