@@ -144,6 +144,10 @@ class LearnerConfig(Strict):
     most micro_batch_size x logprob_chunk x vocab fp32 logits; the window is split into even chunks (192 positions
     in 2 of 96, not 128 + a padded 128), and only completion positions are computed (penalties
     and min_tokens need > 0). 0 = the dense reference: full [micro_batch, L, vocab] fp32 logits, as before."""
+    share_prompts: bool = True
+    """Run each distinct prompt of a micro-batch through the decoder once, not once per sample
+    (learner/shared_prompts.py): a group's samples share it. Equal to the plain forward up to float rounding;
+    off = every row runs prompt + completion."""
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
     compile_cache: bool = True

@@ -2,7 +2,8 @@
 
 One `step(batch)`:
 1. group-relative advantages from the rewards;
-2. shuffle (with the learner's saved RNG) and pack into bucketed [rows, L] arrays;
+2. shuffle whole groups (with the learner's saved RNG) and pack into bucketed [rows, L] arrays; micro-batches run
+   each distinct prompt once (learner/shared_prompts.py);
 3. if more than one update per batch (epochs or mini-batches): one forward for the old logprobs;
 4. per epoch, per mini-batch: accumulate gradients over micro-batches, then one AdamW update of the LoRA;
 5. metrics as token-weighted means over everything the step saw.
@@ -31,8 +32,9 @@ from learner.distributed import put_global, to_host, tree_to_host
 from learner.lora import adapter_config, apply_lora, peft_tensors, write_merged, write_peft
 from learner.loss import LossOptions, constant_reward_groups, grpo_advantages, token_weights
 from learner.mesh import learner_mesh
-from learner.model import load_model
+from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
+from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,8 @@ class Learner:
             model = apply_lora(model, cfg.lora, cfg.seed)
         graphdef, lora_state, base = nnx.split(model, nnx.LoRAParam, ...)
         template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), lora_state)
-        self._parts = ts.ModelParts(graphdef, template, base)
+        self._hf = read_hf_config(self.model_path)
+        self._parts = ts.ModelParts(graphdef, template, base, self._hf)
         self.params: dict = lora_state.to_pure_dict()
         self._tx = ts.make_optimizer(cfg.optimizer)
         # Scalars (Adam's step count) would land on the default device 0: pin every leaf to the learner's mesh.
@@ -60,6 +63,7 @@ class Learner:
             jax.jit(self._tx.init)(self.params))
         self._apply = ts.make_apply_fn(self._tx)
         self._fns: dict[tuple, Any] = {}  # compiled step pieces per (sampling, off_policy)
+        self._layout: Layout | None = None  # this step's prompt-sharing block sizes (None: plain rows)
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
@@ -83,8 +87,8 @@ class Learner:
         if g.skip_zero_variance_groups and constant.any() and not constant.all():
             batch, adv = _take(batch, adv, np.flatnonzero(~constant))
         micro, mini, rows = self._batch_geometry(len(batch))
-        order = np.concatenate([self._rng.permutation(len(batch)), np.arange(len(batch), rows)])
-        packed = pack(*_take(batch, adv, order[: len(batch)]), self.cfg.seq_bucket, rows)
+        packed = pack(*_take(batch, adv, self._group_order(batch.group_ids)), self.cfg.seq_bucket, rows)
+        self._layout = self._share_layout(packed, micro)
         off_policy = g.epochs > 1 or rows // mini > 1
         logprob_fn, accumulate = self._compiled(batch.sampling, off_policy)
 
@@ -102,6 +106,19 @@ class Learner:
         out["learner/trained_samples"] = float(len(batch))
         out["learner/step_s"] = time.perf_counter() - t0
         return out
+
+    def _group_order(self, group_ids: np.ndarray) -> np.ndarray:
+        """Rows shuffled by whole groups (a group's samples adjacent, so micro-batches share their prompts)."""
+        groups = np.asarray(group_ids)
+        distinct = np.unique(groups)
+        return np.concatenate([np.flatnonzero(groups == g) for g in distinct[self._rng.permutation(len(distinct))]])
+
+    def _share_layout(self, packed: PackedBatch, micro: int) -> Layout | None:
+        if not self.cfg.share_prompts or self.cfg.logprob_chunk == 0:
+            return None
+        # Tunix's Gemma 3 masks its sliding window by slot index (see shared_prompts): share within one window.
+        span = self._hf.get("sliding_window") if self.family == "gemma3" else None
+        return layout(packed, micro, self._data_parallel, self.cfg.seq_bucket, span)
 
     def _batch_geometry(self, n: int) -> tuple[int, int, int]:
         """(micro, mini, rows): micro divides mini divides rows >= n; micro divisible by the data-parallel size."""
@@ -122,7 +139,11 @@ class Learner:
     def _put(self, packed: PackedBatch, rows: slice, weights: np.ndarray) -> ts.MicroBatch:
         p = slice_rows(packed, rows)
         arrays = (p.tokens, p.targets, p.valid, p.loss_mask, p.engine_logprobs, p.advantages, weights, p.window)
-        return ts.MicroBatch(*(put_global(a, self._batch_sharding) for a in arrays))
+        put = lambda a: put_global(a, self._batch_sharding)
+        shared = None
+        if self._layout is not None:
+            shared = SharedPrompts(*map(put, shared_prompts(packed, rows, self._layout)))
+        return ts.MicroBatch(*map(put, arrays), shared)
 
     def _old_logprobs(self, logprob_fn, packed: PackedBatch, micro: int) -> tuple[np.ndarray, np.ndarray]:
         """Pre-update logprobs (sampling transform, and the engine's convention) for every row."""

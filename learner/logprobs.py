@@ -187,10 +187,11 @@ def balanced_chunks(width: int, chunk: int) -> tuple[int, int]:
 
 def window_logprobs(
     hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab: int, mb, s: SamplingTransform, chunk: int,
-    with_entropy: bool, raw: bool, fused_grad: bool = False,
+    with_entropy: bool, raw: bool, fused_grad: bool = False, at_window: bool = False,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb`, at most `chunk` positions
     at a time (`balanced_chunks`); zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V].
+    `hidden` is [B, L, D], or with `at_window` already the window's [B, W, D] (`shared_prompts.window_hidden`).
     With `fused_grad` only logp carries a gradient (entropy is detached either way; raw logp is only ever compared,
     detached)."""
     tokens, all_targets, valid, loss_mask, window = map(jnp.asarray, (mb.tokens, mb.targets, mb.valid,
@@ -229,8 +230,12 @@ def window_logprobs(
         return (logp + (x - jax.lax.stop_gradient(x)), *rest)
 
     split = lambda x: x.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
+    if at_window:
+        at = jnp.pad(hidden, ((0, 0), (0, n * chunk - width), (0, 0)))
+    else:
+        at = hidden[rows, win]
     outs = jax.lax.map(fused if fused_grad else jax.checkpoint(one),
-                       (split(hidden[rows, win]), split(targets), split(mask), split(slots)))
+                       (split(at), split(targets), split(mask), split(slots)))
     full = lambda o: None if o is None else jnp.zeros((b, length), jnp.float32).at[rows, win].add(
         jnp.where(mask > 0, o.swapaxes(0, 1).reshape(b, n * chunk), 0.0))
     return tuple(full(o) for o in outs)

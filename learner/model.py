@@ -17,7 +17,7 @@ import functools
 import json
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -232,21 +232,23 @@ def _hidden_class(cls: type) -> type:
                                                      "__module__": __name__})
 
 
-def forward_hidden(model: nnx.Module, tokens: jax.Array, valid: jax.Array):
-    """(final-norm hidden states [B, L, D], head: hidden [..., D] -> fp32 logits [..., V]) for right-padded tokens.
-
-    The model's own forward runs with its LM head switched to the identity (on this merged copy only: call it
-    on a model built inside the traced function), so callers apply the head where they need logits.
-    Tied families (gemma3, tied llama/qwen) decode with the input embedding, the others with `lm_head`.
-    """
+def hidden_out(model: nnx.Module) -> Callable[[jax.Array], jax.Array]:
+    """Switch the model's LM head to the identity (on this merged copy only: call it on a model built inside the
+    traced function) and return the head as a function: hidden [..., D] -> fp32 logits [..., V], for callers
+    that apply it only where they need logits. Tied families (gemma3, tied llama/qwen) decode with the input
+    embedding, the others with `lm_head`."""
     head_module = getattr(model, "lm_head", None)
     if head_module is not None:
         w = head_module.w[...]  # [D, V]
-        head = lambda h: jnp.einsum("...D,DV->...V", h.astype(w.dtype), w).astype(jnp.float32)
         head_module.__class__ = _hidden_class(type(head_module))
-    else:
-        emb = model.embedder.input_embedding[...]  # [V, D]
-        head = lambda h: jnp.dot(h.astype(emb.dtype), emb.T).astype(jnp.float32)
-        model.embedder.__class__ = _hidden_class(type(model.embedder))
-    hidden = forward_logits(model, tokens, valid)
-    return hidden, head
+        return lambda h: jnp.einsum("...D,DV->...V", h.astype(w.dtype), w).astype(jnp.float32)
+    emb = model.embedder.input_embedding[...]  # [V, D]
+    model.embedder.__class__ = _hidden_class(type(model.embedder))
+    return lambda h: jnp.dot(h.astype(emb.dtype), emb.T).astype(jnp.float32)
+
+
+def forward_hidden(model: nnx.Module, tokens: jax.Array, valid: jax.Array):
+    """(final-norm hidden states [B, L, D], head: hidden [..., D] -> fp32 logits [..., V]) for right-padded tokens
+    (see `hidden_out`)."""
+    head = hidden_out(model)
+    return forward_logits(model, tokens, valid), head

@@ -18,8 +18,9 @@ from flax import nnx
 from learner.config import OptimizerConfig
 from learner.logprobs import window_logprobs
 from learner.loss import LossOptions, dense_sampling_logprobs, grpo_token_loss
-from learner.model import forward_hidden, forward_logits
+from learner.model import forward_hidden, forward_logits, hidden_out
 from learner.sampling import SamplingTransform
+from learner.shared_prompts import SharedPrompts, window_hidden
 
 __all__ = ["ModelParts", "MicroBatch", "merge", "forward_logits", "make_logprob_fn", "make_accumulate_fn",
            "make_optimizer", "make_apply_fn"]
@@ -36,14 +37,17 @@ class MicroBatch(NamedTuple):
     advantages: jax.Array  # [B]
     weights: jax.Array  # aggregation weights (see loss.token_weights)
     window: jax.Array  # int32 [B, W]: the position predicting each completion token (see batch.PackedBatch)
+    shared: SharedPrompts | None = None  # the same rows as distinct prompts + completions (learner.share_prompts)
 
 
 class ModelParts(NamedTuple):
-    """The split model: static graph, the shape template of the LoRA state, the frozen base state."""
+    """The split model: static graph, the shape template of the LoRA state, the frozen base state, and the
+    config.json facts prompt sharing needs to size its KV cache."""
 
     graphdef: Any
     lora_template: Any
     base: Any
+    hf: Any = None
 
 
 def merge(parts: ModelParts, lora: dict) -> nnx.Module:
@@ -65,14 +69,21 @@ def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entr
     """(logp under the transform, entropy or None, raw logp or None), [B, L] each.
 
     chunk > 0: LM head and transform at completion positions only, `chunk` positions at a time (bounded
-    memory; `fused_grad`: d logp / d hidden taken in the forward pass, for the loss); chunk = 0: the dense
-    reference over full [B, L, V] logits (no penalties or min_tokens).
+    memory; `fused_grad`: d logp / d hidden taken in the forward pass, for the loss), the decoder run once per
+    distinct prompt where `mb.shared` is given; chunk = 0: the dense reference over full [B, L, V] logits (no
+    penalties or min_tokens).
     """
     model = merge(parts._replace(base=base), lora)
-    if chunk > 0:
+    if chunk > 0 and mb.shared is not None:
+        head = hidden_out(model)
+        dtype = jax.tree.leaves(base)[0].dtype
+        hidden = window_hidden(model, mb.shared, parts.hf, dtype, mb.window.shape[1])
+    elif chunk > 0:
         hidden, head = forward_hidden(model, mb.tokens, mb.valid)
+    if chunk > 0:
         vocab = jax.eval_shape(head, jax.ShapeDtypeStruct((1, hidden.shape[-1]), hidden.dtype)).shape[-1]
-        return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw, fused_grad)
+        return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw, fused_grad,
+                               at_window=mb.shared is not None)
     if s.needs_history:
         raise ValueError(f"learner.logprob_chunk=0 (dense reference) does not model penalties or min_tokens ({s}); "
                          "set learner.logprob_chunk > 0")
