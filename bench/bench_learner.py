@@ -9,14 +9,16 @@ Prints, measured in this one run:
 - step_s: our steady-state step time (median after one compile step; with --tunix the timed steps
   alternate ours / Tunix's so machine noise hits both);
 - mfu_cpu = achieved model FLOP/s / measured f32 matmul FLOP/s of this machine (FLOPs: forward + the backward
-  to activations, which is what a frozen-base LoRA step costs; LoRA's own matmuls are negligible);
+  to activations, which is what a frozen-base LoRA step costs; LoRA's own matmuls are negligible; decoder
+  tokens as run: each prompt once with `learner.share_prompts`, the default, every row's prompt without);
 - peak RSS of the process;
 - with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
   LoRA, batch, micro-batching) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
   loop (which also owns rollout and threading), so it compares the train step alone;
 - with --vs KEY=VALUE (repeatable): the same step by a learner with that `learner.` setting changed, and the
   ratio of each to ours (the default config), e.g. `--vs logprob_chunk=0` (the dense reference: LM head and
-  log-softmax at every position, [batch, length, vocab] fp32) or `--vs seq_bucket=16` (less padding).
+  log-softmax at every position, [batch, length, vocab] fp32), `--vs seq_bucket=16` (less padding) or
+  `--vs share_prompts=false` (every sample runs its prompt through the decoder, as Tunix's loss does).
 """
 
 from __future__ import annotations
@@ -177,7 +179,11 @@ def main() -> None:
     medians = time_steps(steps, batch, args.steps)
     ours = medians["ours"]
     seq = args.prompt_len + args.completion_len
-    achieved = step_flops(hf, len(batch) * seq, seq, len(batch) * args.completion_len) / ours
+    # Decoder tokens the step runs: with prompt sharing each prompt once, then the completions.
+    tokens = len(batch) * seq
+    if cfg.share_prompts:
+        tokens = args.prompts * args.prompt_len + len(batch) * args.completion_len
+    achieved = step_flops(hf, tokens, seq, len(batch) * args.completion_len) / ours
     print(f"batch: {args.prompts} prompts x {args.samples} samples x {args.completion_len} tokens "
           f"(+{args.prompt_len} prompt), "
           f"{args.model}, LoRA r{cfg.lora.rank}, micro-batch {args.micro_batch}; medians of {args.steps} step(s)")
