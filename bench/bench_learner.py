@@ -10,7 +10,7 @@ Prints, measured in this one run:
   alternate ours / Tunix's so machine noise hits both);
 - mfu_cpu = achieved model FLOP/s / measured f32 matmul FLOP/s of this machine (FLOPs: forward + the backward
   to activations, which is what a frozen-base LoRA step costs; LoRA's own matmuls are negligible; decoder
-  tokens as run: each prompt once with `learner.share_prompts`, the default, every row's prompt without);
+  tokens as run: each prompt once where `learner.share_prompts`, the default, applied, every row's otherwise);
 - peak RSS of the process;
 - with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
   LoRA, batch, micro-batching) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
@@ -179,9 +179,9 @@ def main() -> None:
     medians = time_steps(steps, batch, args.steps)
     ours = medians["ours"]
     seq = args.prompt_len + args.completion_len
-    # Decoder tokens the step runs: with prompt sharing each prompt once, then the completions.
+    # Decoder tokens the step runs: where the learner shared prompts, each prompt once, then the completions.
     tokens = len(batch) * seq
-    if cfg.share_prompts:
+    if learner._layout is not None:
         tokens = args.prompts * args.prompt_len + len(batch) * args.completion_len
     achieved = step_flops(hf, tokens, seq, len(batch) * args.completion_len) / ours
     print(f"batch: {args.prompts} prompts x {args.samples} samples x {args.completion_len} tokens "

@@ -74,24 +74,24 @@ def main() -> None:
     if args.what == "ours":
         fn = ts.make_accumulate_fn(learner._parts, batch.sampling, learner._opts, False, False,
                                    learner.cfg.logprob_chunk)
-        call_args = (learner.params, learner._parts.base, jax.tree.map(jnp.zeros_like, learner.params), mb, None, None)
+        # A fresh accumulator per call: the step donates it.
+        make_args = lambda: (learner.params, learner._parts.base, jax.tree.map(jnp.zeros_like, learner.params), mb,
+                             None, None)
     else:
         def decoder_loss(lora, base, mb):
             hidden, _ = forward_hidden(ts.merge(learner._parts._replace(base=base), lora), mb.tokens, mb.valid)
             return jnp.sum(hidden) * 1e-3
 
         fn = jax.jit(jax.grad(decoder_loss))
-        call_args = (learner.params, learner._parts.base, mb)
-    fresh = lambda: tuple(jax.tree.map(jnp.copy, a) if i == 2 and args.what == "ours" else a
-                          for i, a in enumerate(call_args))  # the accumulator is donated
-    hlo = fn.lower(*call_args).compile().as_text()
-    jax.block_until_ready(fn(*fresh()))
+        make_args = lambda: (learner.params, learner._parts.base, mb)
+    hlo = fn.lower(*make_args()).compile().as_text()
+    jax.block_until_ready(fn(*make_args()))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            jax.block_until_ready(fn(*fresh()))
+            jax.block_until_ready(fn(*make_args()))
         totals = op_times(trace_dir, hlo)
     print(f"{args.what}: {args.samples} x ({args.prompt_len} + {args.completion_len}) tokens, {args.model}, "
-          f"prompt sharing {'on' if learner._layout else 'off'}; op time {sum(totals.values()) / 1e6:.2f} s")
+          f"{'prompts shared' if learner._layout and args.what == 'ours' else 'plain rows'}; op time {sum(totals.values()) / 1e6:.2f} s")
     for (op, shape), us in totals.most_common(args.top):
         print(f"{us / 1e3:9.1f} ms  {op[:110]}  {shape}")
 

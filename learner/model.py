@@ -56,7 +56,7 @@ def _check_rope_scaling(hf: dict[str, Any], allowed: tuple[str, ...] = ()) -> No
         )
 
 
-def _head_dim(hf: dict[str, Any]) -> int:
+def head_dim(hf: dict[str, Any]) -> int:
     return hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
 
 
@@ -80,7 +80,7 @@ def tunix_config(hf: dict[str, Any], param_dtype: str = "float32", remat: bool =
                else {"use_tied_embedding": tied, "dtype": dtype, "param_dtype": dtype})
         return m.ModelConfig(
             num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
-            hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=_head_dim(hf),
+            hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=head_dim(hf),
             num_kv_heads=hf["num_key_value_heads"], rope_theta=_rope_theta(hf, 10000.0 if family == "llama3" else 1e6),
             norm_eps=hf["rms_norm_eps"], remat_config=m.RematConfig.DECODER if remat else m.RematConfig.NONE, **own,
         )
@@ -131,10 +131,10 @@ def _gemma3_config(hf: dict[str, Any], dtype, remat: bool):
     from tunix.models.gemma3 import model as m
 
     _check_gemma3(hf)
-    head_dim = _head_dim(hf)
+    dim = head_dim(hf)
     # Gemma 3 scales queries by query_pre_attn_scalar**-0.5; Tunix offers head_dim or embed_dim / heads.
-    scalar = hf.get("query_pre_attn_scalar", head_dim)
-    if scalar == head_dim:
+    scalar = hf.get("query_pre_attn_scalar", dim)
+    if scalar == dim:
         norm = m.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM
     elif scalar == hf["hidden_size"] // hf["num_attention_heads"]:
         norm = m.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS
@@ -142,7 +142,7 @@ def _gemma3_config(hf: dict[str, Any], dtype, remat: bool):
         raise ValueError(f"gemma3 query_pre_attn_scalar={scalar} is neither head_dim nor hidden_size / heads")
     return m.ModelConfig(
         num_layers=hf["num_hidden_layers"], num_embed=hf["vocab_size"], embed_dim=hf["hidden_size"],
-        hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=head_dim,
+        hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=dim,
         num_kv_heads=hf["num_key_value_heads"], sliding_window_size=hf.get("sliding_window"),
         **_gemma3_rope(hf), query_pre_attn_norm=norm,
         remat_config=m.RematConfig.DECODER if remat else m.RematConfig.NONE, param_dtype=dtype,

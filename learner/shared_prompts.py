@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from learner.batch import PackedBatch, bucket_length
+from learner.model import head_dim
 
 
 class SharedPrompts(NamedTuple):
@@ -97,16 +98,15 @@ def shared_prompts(packed: PackedBatch, rows: slice, lay: Layout) -> SharedPromp
 
 
 def _empty_cache(hf: dict[str, Any], batch: int, slots: int, dtype) -> dict:
-    kv_heads = hf["num_key_value_heads"]
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    zeros = jnp.zeros((batch, slots, kv_heads, head_dim), dtype)
+    zeros = jnp.zeros((batch, slots, hf["num_key_value_heads"], head_dim(hf)), dtype)
     return {f"layer_{i}": {"k": zeros, "v": zeros, "end_index": jnp.zeros((batch,), jnp.int32)}
             for i in range(hf["num_hidden_layers"])}
 
 
-def window_hidden(model, sp: SharedPrompts, hf: dict[str, Any], dtype, width: int) -> jax.Array:
+def window_hidden(model, sp: SharedPrompts, hf: dict[str, Any], width: int) -> jax.Array:
     """[B, width, D]: the hidden state predicting each completion token (the model's LM head already switched
-    to the identity by `model.forward_hidden`'s convention)."""
+    to the identity by `model.hidden_out`)."""
+    dtype = model.embedder.input_embedding[...].dtype  # the weights' dtype: what k and v projections produce
     u, p = sp.prompt_tokens.shape
     c = sp.completion_tokens.shape[1]
     slots = p + c

@@ -74,13 +74,12 @@ def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entr
     penalties or min_tokens).
     """
     model = merge(parts._replace(base=base), lora)
-    if chunk > 0 and mb.shared is not None:
-        head = hidden_out(model)
-        dtype = jax.tree.leaves(base)[0].dtype
-        hidden = window_hidden(model, mb.shared, parts.hf, dtype, mb.window.shape[1])
-    elif chunk > 0:
-        hidden, head = forward_hidden(model, mb.tokens, mb.valid)
     if chunk > 0:
+        if mb.shared is not None:
+            head = hidden_out(model)
+            hidden = window_hidden(model, mb.shared, parts.hf, mb.window.shape[1])
+        else:
+            hidden, head = forward_hidden(model, mb.tokens, mb.valid)
         vocab = jax.eval_shape(head, jax.ShapeDtypeStruct((1, hidden.shape[-1]), hidden.dtype)).shape[-1]
         return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw, fused_grad,
                                at_window=mb.shared is not None)
