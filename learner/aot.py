@@ -115,11 +115,6 @@ def geometry(cfg: LearnerConfig, batch_size: int, max_sequence: int, max_complet
     return Geometry(rows, micro, mini, length, window, cfg.grpo.epochs)
 
 
-def loss_options(cfg: LearnerConfig) -> LossOptions:
-    g = cfg.grpo
-    return LossOptions(g.clip_eps_low, g.clip_eps_high, g.kl_beta, g.kl_estimator, g.is_cap, g.dual_clip)
-
-
 def abstract_micro_batch(mesh: Mesh, micro: int, length: int, window: int) -> ts.MicroBatch:
     """A micro-batch's arrays as `Learner._put` places them (rows over 'fsdp' when it has more than one device)."""
     batch = NamedSharding(mesh, PartitionSpec("fsdp" if mesh.shape["fsdp"] > 1 else None))
@@ -141,7 +136,7 @@ def abstract_opt_state(tx, lora: dict, mesh: Mesh):
 def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mesh, geo: Geometry,
                  sampling: SamplingTransform) -> tuple[dict[str, Any], dict[str, Any]]:
     """Compile the Learner's three jitted pieces; returns ({name: Compiled}, abstract state by kind)."""
-    owner = SimpleNamespace(cfg=cfg, _parts=parts, _opts=loss_options(cfg), _fns={})
+    owner = SimpleNamespace(cfg=cfg, _parts=parts, _opts=LossOptions.of(cfg.grpo), _fns={})
     logprob_fn, accumulate = Learner._compiled(owner, sampling, geo.off_policy)
     tx = ts.make_optimizer(cfg.optimizer)
     opt_state = abstract_opt_state(tx, lora, mesh)

@@ -153,6 +153,11 @@ class LossOptions(NamedTuple):
     is_cap: float | None = 2.0
     dual_clip: float | None = None  # c > 1: for A < 0 the per-token loss is at most -c A (None = off)
 
+    @classmethod
+    def of(cls, grpo) -> LossOptions:
+        """The options a `GrpoConfig` (learner/config.py) sets."""
+        return cls(grpo.clip_eps_low, grpo.clip_eps_high, grpo.kl_beta, grpo.kl_estimator, grpo.is_cap, grpo.dual_clip)
+
 
 def grpo_token_loss(
     logp: jax.Array,
