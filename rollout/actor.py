@@ -94,11 +94,10 @@ class RolloutServer:
         """None if the server is healthy; else restart it and return what happened, with the dead server's log."""
         if self.backend.is_alive():
             return None
-        tail = self.backend.log_tail(20)
+        why = self.backend.log_excerpt()
         self.restart()
         version = None if self.current is None else self.current[0]
-        return (f"rollout server died and was restarted (adapter version {version} re-loaded); last lines of its "
-                f"log:\n{tail}")
+        return f"rollout server died and was restarted (adapter version {version} re-loaded); its log:\n{why}"
 
     def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> dict:
         """Write adapter `version`, load it as policy-v{version}, unload and delete the previous one; timings in s."""

@@ -43,6 +43,10 @@ class RolloutBackend(Protocol):
         """The last n lines of the server's log."""
         ...
 
+    def log_excerpt(self) -> str:
+        """Why the server died, from its log: its first error report and its last lines."""
+        ...
+
     def load_lora(self, name: str, path: Path) -> None:
         """Register the PEFT adapter in `path` under `name` (replacing one of that name); later requests may use it."""
         ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,9 @@ import httpx
 
 log = logging.getLogger(__name__)
 
+# A line that starts an error report in an engine log: a Python traceback, or a log record at level ERROR
+# (vLLM: "(EngineCore_DP0 pid=7) ERROR 11-25 13:24:21 [core.py:...]"). Words like "error" in WARNING lines do not count.
+ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b")
 # Variables of the driver's env (Python 3.12, jax, Ray worker settings) that must not leak into an engine env.
 DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
@@ -44,6 +48,19 @@ def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def error_excerpt(lines: list[str], context: int = 30, tail: int = 8) -> str:
+    """The first error report in `lines` (`context` lines from its start) and the last `tail` lines.
+
+    A dying engine logs its root cause first; what follows is the shutdown's own noise (the API server's
+    EngineDeadError, leaked semaphores, nanobind leak lists), which is all a plain tail shows. Without an error
+    report the excerpt is the tail of `context + tail` lines.
+    """
+    first = next((i for i, line in enumerate(lines) if ERROR_LINE.search(line)), None)
+    if first is None or first >= len(lines) - context - tail:
+        return "".join(lines[-(context + tail):])
+    return "".join([*lines[first:first + context], "[...]\n", *lines[-tail:]])
 
 
 def group_alive(pgid: int) -> bool:
@@ -152,6 +169,13 @@ class ServerProcess:
             return ""
         with open(self._log_path, errors="replace") as f:
             return "".join(deque(f, maxlen=n))
+
+    def log_excerpt(self, context: int = 30, tail: int = 8) -> str:
+        """Why a server died, from its log: the first error report and `tail` last lines ('' before start)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with open(self._log_path, errors="replace") as f:
+            return error_excerpt(list(deque(f, maxlen=20_000)), context, tail)
 
     def auth_headers(self) -> dict[str, str]:
         """The bearer header a server started with `api_key` requires on its /v1 routes."""
