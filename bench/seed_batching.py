@@ -23,9 +23,9 @@ import ray
 from tokenizers import Tokenizer
 
 from orchestration.prepare_model import model_dir
+from rollout.backend import setup_backend
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
-from rollout.backend import setup_backend
 from rollout.handle import Rollout
 from rollout.sampling import Completion, SamplingParams
 
@@ -33,10 +33,14 @@ TOPICS = ["a cat who learns to swim", "the moon's far side", "a lighthouse keepe
           "a lost umbrella", "the first snow", "a robot gardener", "an old map", "a kite in a storm", "two rivers"]
 
 
-def draw(rollout: Rollout, concurrency: int, prompts: list[list[int]], params: SamplingParams,
+def clients(rollout: Rollout, concurrencies: tuple[int, ...]) -> dict[int, RolloutClient]:
+    """A data-plane client of the rollout's server per max_concurrency (the server itself stays the actor's)."""
+    wire = setup_backend(rollout.cfg.backend, rollout.model_path)  # only its payload format is used
+    return {c: RolloutClient(rollout.base_url, ClientConfig(max_concurrency=c), wire) for c in concurrencies}
+
+
+def draw(client: RolloutClient, prompts: list[list[int]], params: SamplingParams,
          seeds: list[int]) -> list[list[Completion]]:
-    wire = setup_backend(rollout.cfg.backend, rollout.model_path)  # the payload format; the server is the actor's
-    client = RolloutClient(rollout.base_url, ClientConfig(max_concurrency=concurrency), wire)
     return asyncio.run(client.generate(prompts, params, seeds=seeds))
 
 
@@ -81,11 +85,12 @@ def main() -> None:
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, kv_cache_space_gb=1))
     try:
         with Rollout(cfg, path) as rollout:
-            draw(rollout, 1, prompts[:1], params.model_copy(update={"max_tokens": 4}), seeds[:1])  # warm up
-            reference = draw(rollout, 1, prompts, params, seeds)
+            by_concurrency = clients(rollout, (1, 64))
+            draw(by_concurrency[1], prompts[:1], params.model_copy(update={"max_tokens": 4}), seeds[:1])  # warm up
+            reference = draw(by_concurrency[1], prompts, params, seeds)
             for r in range(args.rounds):
-                for concurrency in (1, 64):
-                    samples, tokens, gap = compare(reference, draw(rollout, concurrency, prompts, params, seeds))
+                for concurrency, client in by_concurrency.items():
+                    samples, tokens, gap = compare(reference, draw(client, prompts, params, seeds))
                     print(f"round {r + 1}, max_concurrency {concurrency:>2}: identical samples {samples:.3f}, "
                           f"bit-equal logprobs {tokens:.3f} (max gap {gap:.2e}) vs the first sequential round",
                           flush=True)

@@ -163,19 +163,21 @@ class ServerProcess:
                 break
         log.info("%s server %d stopped", self.engine_name, proc.pid)
 
+    def _log_lines(self, n: int) -> list[str]:
+        """The last n lines of the server log ([] before start)."""
+        if self._log_path is None or not self._log_path.exists():
+            return []
+        with open(self._log_path, errors="replace") as f:
+            return list(deque(f, maxlen=n))
+
     def log_tail(self, n: int = 50) -> str:
         """The last n lines of the server log ('' before start)."""
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        with open(self._log_path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
+        return "".join(self._log_lines(n))
 
     def log_excerpt(self, context: int = 30, tail: int = 8) -> str:
         """Why a server died, from its log: the first error report and `tail` last lines ('' before start)."""
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        with open(self._log_path, errors="replace") as f:
-            return error_excerpt(list(deque(f, maxlen=20_000)), context, tail)
+        lines = self._log_lines(20_000)
+        return error_excerpt(lines, context, tail) if lines else ""
 
     def auth_headers(self) -> dict[str, str]:
         """The bearer header a server started with `api_key` requires on its /v1 routes."""
