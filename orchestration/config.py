@@ -333,6 +333,15 @@ def format_validation_error(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def error_report(err: Exception, prefix: str = "config error") -> str:
+    """What a CLI prints for a ConfigError: one line for one problem; for several (ConfigError lists them all),
+    a count line, then a line per problem. Every CLI (train, preflight, serve, eval) prints it the same way."""
+    problems = str(err).splitlines()
+    if len(problems) == 1:
+        return f"{prefix}: {problems[0]}"
+    return "\n".join([f"{prefix}: {len(problems)} problems:", *problems])
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read YAML, apply dotted overrides, validate. Raises ConfigError with readable lines."""
     path = Path(path)

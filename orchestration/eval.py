@@ -26,7 +26,9 @@ import numpy as np
 from orchestration import signals, stats
 from pydantic import ValidationError
 
-from orchestration.config import ConfigError, RunConfig, format_validation_error, load_config, part_config
+from orchestration.config import (
+    ConfigError, RunConfig, error_report, format_validation_error, load_config, part_config,
+)
 from orchestration.data import Prompt
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = resolve(args)
     except ConfigError as err:
-        print(f"eval: {err}", file=sys.stderr)
+        print(error_report(err, "eval"), file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     scores = score_phases(job, args.progress == "on")

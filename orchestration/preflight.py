@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from orchestration.config import ConfigError, RunConfig, load_config
+from orchestration.config import ConfigError, RunConfig, error_report, load_config
 from orchestration.prepare_model import cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_path = model_config_path(cfg, args.model_config)
         _use_libtpu(cfg.learner.topology)
     except ConfigError as err:
-        print(f"preflight: {err}", file=sys.stderr)
+        print(error_report(err, "preflight"), file=sys.stderr)
         return 2
     # Compile only: never open an accelerator (a TPU VM's chips may be in use by the run itself).
     os.environ["JAX_PLATFORMS"] = "cpu"

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.config import ConfigError, RunConfig, load_config
+from orchestration.config import ConfigError, RunConfig, error_report, load_config
 
 log = logging.getLogger("orchestration.serve")
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         name = args.name or ("base" if args.base_only else args.run_dir.resolve().name)
         backend_cfg = serving_backend(cfg, args, adapter_dir, name)
     except ConfigError as err:
-        print(f"serve: {err}", file=sys.stderr)
+        print(error_report(err, "serve"), file=sys.stderr)
         return 2
     from orchestration.data import setup_dataset
     from rollout.backend import setup_backend

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.config import ConfigError, RunConfig, dump_config, load_config
+from orchestration.config import ConfigError, RunConfig, dump_config, error_report, load_config
 
 log = logging.getLogger("orchestration.train")
 
@@ -53,21 +53,13 @@ def setup_logging(run_dir: Path) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
 
 
-def config_error(err: Exception) -> str:
-    """One line for one problem; a count, then a line per problem, for several (ConfigError lists them all)."""
-    problems = str(err).splitlines()
-    if len(problems) == 1:
-        return f"config error: {problems[0]}"
-    return "\n".join([f"config error: {len(problems)} problems:", *problems])
-
-
 def main(argv: list[str] | None = None) -> int:
     signals.install()
     args = parse_args(argv)
     try:
         cfg, run_dir = resolve(args)
     except ConfigError as err:
-        print(config_error(err), file=sys.stderr)
+        print(error_report(err), file=sys.stderr)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
@@ -88,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resource error: {err}", file=sys.stderr)
         return 2
     except DatasetTooSmall as err:  # raised before any cluster starts
-        print(config_error(err), file=sys.stderr)
+        print(error_report(err), file=sys.stderr)
         return 2
     return 0
 

@@ -115,6 +115,22 @@ def test_cli_one_config_mistake_is_one_line(tmp_path):
     assert "learner.optimizer.lr" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("tool", ["preflight", "eval", "serve"])
+def test_every_cli_reports_config_mistakes_like_train(tool, tmp_path):
+    """Two mistakes: a count line, then one line per problem, whichever command read the config."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(DEMO.read_text() + "\nbogus_section: {a: 1}\nbogus_key: 2\n")
+    args = {"preflight": ["--config", str(run_dir / "config.yaml")], "eval": [str(run_dir / "config.yaml")],
+            "serve": [str(run_dir)]}[tool]
+    proc = subprocess.run([sys.executable, "-m", f"orchestration.{tool}", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == f"{tool}: 2 problems:" and len(lines) == 3, proc.stderr
+    assert sorted(line.split(":")[0] for line in lines[1:]) == ["bogus_key", "bogus_section"], proc.stderr
+
+
 def test_engine_is_one_key_and_its_limits_are_checked_at_load():
     cfg = load_config(DEMO, ["rollout.backend.kind=sglang_jax"])
     assert cfg.rollout.backend.kind == "sglang_jax"
