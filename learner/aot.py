@@ -135,7 +135,8 @@ def abstract_opt_state(tx, lora: dict, mesh: Mesh):
 
 def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mesh, geo: Geometry,
                  sampling: SamplingTransform) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Compile the Learner's three jitted pieces; returns ({name: Compiled}, abstract state by kind)."""
+    """Compile the Learner's jitted pieces a step runs (logprobs only off-policy); returns ({name: Compiled},
+    abstract state by kind)."""
     owner = SimpleNamespace(cfg=cfg, _parts=parts, _opts=LossOptions.of(cfg.grpo), _fns={})
     logprob_fn, accumulate = Learner._compiled(owner, sampling, geo.off_policy)
     tx = ts.make_optimizer(cfg.optimizer)
@@ -143,11 +144,11 @@ def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mes
     mb = abstract_micro_batch(mesh, geo.micro, geo.length, geo.window)
     old = (mb.loss_mask, mb.loss_mask) if geo.off_policy else (None, None)
     with jax.set_mesh(mesh):
-        compiled = {
-            "logprobs": logprob_fn.lower(lora, parts.base, mb).compile(),
-            "accumulate": accumulate.lower(lora, parts.base, lora, mb, *old).compile(),
-            "apply": ts.make_apply_fn(tx).lower(lora, opt_state, lora).compile(),
-        }
+        # The separate logprobs pass runs only off-policy (old logprobs before several updates): on-policy a step
+        # never calls it, so its compile (a quarter of preflight's time) would measure nothing the step needs.
+        compiled = {"logprobs": logprob_fn.lower(lora, parts.base, mb).compile()} if geo.off_policy else {}
+        compiled["accumulate"] = accumulate.lower(lora, parts.base, lora, mb, *old).compile()
+        compiled["apply"] = ts.make_apply_fn(tx).lower(lora, opt_state, lora).compile()
     state = {"frozen": parts.base, "lora": lora, "opt_state": opt_state, "grad_acc": lora}
     return compiled, state
 

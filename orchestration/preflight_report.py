@@ -133,6 +133,8 @@ def _report(label: str, mesh, geo, pieces, sizes, chip) -> dict:
     print(f"  {'piece':<11}{'calls/step':>11}{'GFLOP/call':>12}{'est s/call':>12}{'live GiB':>10}")
     for p in pieces:
         print(f"  {p.name:<11}{p.calls:>11}{p.flops / 1e9:>12.1f}{_seconds(p, chip):>12.4f}{p.live_bytes / GIB:>10.3f}")
+    if not geo.off_policy:
+        print(f"  {'logprobs':<11}{0:>11}  (the old-logprob pass runs only off-policy: not compiled)")
     mfu = flops / (step_s * chip.peak_flops) if step_s > 0 and chip.peak_flops > 0 else None
     print(f"  step: XLA FLOPs {flops:.3e} per chip, est. {step_s:.2f} s "
           + (f"(roofline per piece: max(FLOPs / peak, bytes / HBM bandwidth)), MFU estimate {100 * mfu:.0f}%"
