@@ -145,7 +145,8 @@ def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mes
     old = (mb.loss_mask, mb.loss_mask) if geo.off_policy else (None, None)
     with jax.set_mesh(mesh):
         # The separate logprobs pass runs only off-policy (old logprobs before several updates): on-policy a step
-        # never calls it, so its compile (a quarter of preflight's time) would measure nothing the step needs.
+        # never calls it, so its compile (a fifth of preflight's time: Qwen2.5-1.5B v5e:2x2 `--probe-layers` 196
+        # -> 155 s without it) would measure nothing the step needs.
         compiled = {"logprobs": logprob_fn.lower(lora, parts.base, mb).compile()} if geo.off_policy else {}
         compiled["accumulate"] = accumulate.lower(lora, parts.base, lora, mb, *old).compile()
         compiled["apply"] = ts.make_apply_fn(tx).lower(lora, opt_state, lora).compile()
@@ -180,7 +181,7 @@ def analyse(compiled: dict[str, Any], state: dict[str, Any], geo: Geometry) -> l
     sizes = {k: bytes_per_device(v) for k, v in state.items()}
     # Between pieces the Learner keeps frozen + LoRA + Adam; the gradient accumulator lives during a mini-batch.
     absent = {"logprobs": sizes["opt_state"], "accumulate": sizes["opt_state"], "apply": sizes["frozen"]}
-    calls = {"logprobs": geo.rows // geo.micro if geo.off_policy else 0, "accumulate": geo.micro_steps,
+    calls = {"logprobs": geo.rows // geo.micro, "accumulate": geo.micro_steps,  # logprobs: compiled off-policy only
              "apply": geo.updates}
     pieces = []
     for name, c in compiled.items():
