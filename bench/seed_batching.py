@@ -20,9 +20,10 @@ import tempfile
 
 import numpy as np
 import ray
-from tokenizers import Tokenizer
 
+from orchestration.data.dataset import Prompt
 from orchestration.prepare_model import model_dir
+from orchestration.prompts import PromptRenderer
 from rollout.backend import setup_backend
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
@@ -73,10 +74,10 @@ def main() -> None:
     args = parser.parse_args()
 
     path = model_dir(args.model)
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    chats = [f"<|im_start|>user\nWrite two sentences about {TOPICS[i % len(TOPICS)]}.<|im_end|>\n"
-             f"<|im_start|>assistant\n" for i in range(args.prompts)]
-    prompts = [tokenizer.encode(c, add_special_tokens=False).ids for c in chats]
+    renderer = PromptRenderer(path)  # the model's own chat template, as the training loop renders prompts
+    asks = [{"role": "user", "content": f"Write two sentences about {TOPICS[i % len(TOPICS)]}."}
+            for i in range(args.prompts)]
+    prompts = [renderer.encode(Prompt(f"seed-batching-{i}", "chat", (ask,), None, {})) for i, ask in enumerate(asks)]
     seeds = [1000 + i for i in range(args.prompts)]
     params = SamplingParams(n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True)
 
