@@ -13,7 +13,8 @@ Prints, measured in this one run:
   tokens as run: each prompt once where `learner.share_prompts`, the default, applied, every row's otherwise);
 - peak RSS of the process;
 - with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
-  LoRA, batch, micro-batching) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
+  LoRA weights, batch, micro-batching, traced with Qwix's own LoRA update and its autodiff backward as Tunix ships
+  it, not ours of `learner/lora_delta.py`) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
   loop (which also owns rollout and threading), so it compares the train step alone;
 - with --vs KEY=VALUE (repeatable): the same step by a learner with that `learner.` setting changed, and the
   ratio of each to ours (the default config), e.g. `--vs logprob_chunk=0` (the dense reference: LM head and
@@ -101,6 +102,7 @@ def tunix_step_fn(learner, batch, samples: int):
     from tunix.rl.grpo.grpo_learner import GRPOConfig
 
     from learner import train_step as ts
+    from learner.lora_delta import stock_qwix
 
     # Own copy of the LoRA: our step donates (frees) learner.params, and the two steps alternate.
     model = ts.merge(learner._parts, jax.tree.map(jnp.copy, learner.params))
@@ -123,6 +125,10 @@ def tunix_step_fn(learner, batch, samples: int):
     adv = jnp.asarray(algo_core.compute_advantages(np.asarray(batch.rewards, np.float32), samples))
 
     def step(_batch):
+        with stock_qwix():  # traces (first call) with Qwix's own LoRA update, as Tunix runs it
+            _step()
+
+    def _step():
         total = None
         for lo in range(0, len(prompts), micro):
             s = slice(lo, lo + micro)

@@ -6,7 +6,8 @@ sampler generates, our rewards score, Tunix's GRPO loss updates the LoRA, all in
 the demo config (`--config`, default configs/countdown_smollm2_cpu.yaml), so `tunix_step_s` can be set beside
 our `timing/step`:
 
-- model: our `learner.model.load_model` (the config's dtype and remat, rope theta fixed) + `learner.lora.apply_lora`
+- model: our `learner.model.load_model` (the config's dtype and remat, rope theta fixed) + `learner.lora.apply_lora`,
+  traced with Qwix's own LoRA update (`learner.lora_delta.stock_qwix`), as Tunix ships it
   (rank 16, alpha 32 in the demo); optimizer: our `make_optimizer` (AdamW lr 3e-4, b2 0.99, clip 1.0);
 - prompts: the config's data (countdown train split) in PromptStream order, chat template + assistant prefix;
   `--prompts-per-step` prompts x `--n` generations, all generated in one sampler call as vLLM batches them;
@@ -204,7 +205,10 @@ def main() -> None:
     print(f"tunix GRPO: {args.model}, {args.prompts_per_step} prompts x {args.n}, max_tokens {args.max_tokens}, "
           f"prompt padded to {prompt_len} tokens, micro-batch {micro_prompts * args.n} sequences", flush=True)
     times = instrument(learner, args.steps)
-    learner.train(batches)
+    from learner.lora_delta import stock_qwix
+
+    with stock_qwix():  # Tunix as it ships: Qwix's own LoRA update and its autodiff backward
+        learner.train(batches)
     if len(times["step"]) != args.steps or len(times["generate"]) != args.steps:
         raise RuntimeError(f"expected {args.steps} steps with one generate call each, timed {len(times['step'])} "
                            f"steps and {len(times['generate'])} generate calls: Tunix's loop changed shape")

@@ -24,6 +24,7 @@ import numpy as np
 import qwix
 from flax import nnx
 
+from learner import lora_delta
 from learner.config import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -70,7 +71,11 @@ def model_family(model: nnx.Module) -> str:
 
 
 def apply_lora(model: nnx.Module, cfg: LoraConfig, seed: int) -> nnx.Module:
-    """Wrap the target projections with Qwix LoRA (B = 0, so the model's outputs are unchanged)."""
+    """Wrap the target projections with Qwix LoRA (B = 0, so the model's outputs are unchanged).
+
+    Its update runs through `learner/lora_delta.py` (a backward without large transposes) from here on.
+    """
+    lora_delta.install()
     family = model_family(model)
     modules = sorted(set(lora_modules(family, cfg.target_modules).values()))
     alternatives = "|".join(f"{block}/{re.escape(name)}" for block, name in modules)
