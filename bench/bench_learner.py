@@ -14,8 +14,8 @@ Prints, measured in this one run:
 - peak RSS of the process;
 - with --tunix: a step with Tunix's own GRPO loss (`algo_core.grpo_loss_fn` + `nnx.Optimizer`, same model,
   LoRA weights, batch, micro-batching, traced with Qwix's own LoRA update and its autodiff backward as Tunix ships
-  it, not ours of `learner/lora_delta.py`) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole GRPOLearner
-  loop (which also owns rollout and threading), so it compares the train step alone;
+  it, not ours of `learner/lora_delta.py`) and ratio = ours / Tunix's. It is Tunix's loss path, not the whole
+  GRPOLearner loop (which also owns rollout and threading), so it compares the train step alone;
 - with --vs KEY=VALUE (repeatable): the same step by a learner with that `learner.` setting changed, and the
   ratio of each to ours (the default config), e.g. `--vs logprob_chunk=0` (the dense reference: LM head and
   log-softmax at every position, [batch, length, vocab] fp32), `--vs seq_bucket=16` (less padding) or

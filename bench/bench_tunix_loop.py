@@ -6,9 +6,9 @@ sampler generates, our rewards score, Tunix's GRPO loss updates the LoRA, all in
 the demo config (`--config`, default configs/countdown_smollm2_cpu.yaml), so `tunix_step_s` can be set beside
 our `timing/step`:
 
-- model: our `learner.model.load_model` (the config's dtype and remat, rope theta fixed) + `learner.lora.apply_lora`,
-  traced with Qwix's own LoRA update (`learner.lora_delta.stock_qwix`), as Tunix ships it
-  (rank 16, alpha 32 in the demo); optimizer: our `make_optimizer` (AdamW lr 3e-4, b2 0.99, clip 1.0);
+- model: our `learner.model.load_model` (the config's dtype and remat, rope theta fixed) + `learner.lora.apply_lora`
+  (rank 16, alpha 32 in the demo), traced with Qwix's own LoRA update (`learner.lora_delta.stock_qwix`), as Tunix
+  ships it; optimizer: our `make_optimizer` (AdamW lr 3e-4, b2 0.99, clip 1.0);
 - prompts: the config's data (countdown train split) in PromptStream order, chat template + assistant prefix;
   `--prompts-per-step` prompts x `--n` generations, all generated in one sampler call as vLLM batches them;
 - sampling: the config's temperature and top_p (1.0, 1.0), no top-k, `--max-tokens` new tokens;

@@ -1,6 +1,6 @@
 """learner/lora_delta.py's backward costs no TPU memory: compiled for v5e:2x2 (fsdp 4) through a Qwen2.5-1.5B-sized
-MLP, it needs no more per-chip temporaries (within 0.1%) and the same FLOPs as Qwix's own update. A first version that flattened
-the forward's activations needed 28% more; this holds the line the CPU speed-up must not cross."""
+MLP, it needs no more per-chip temporaries (within 0.1%) and the same FLOPs as Qwix's own update. A first version
+that flattened the forward's activations needed 28% more; this holds the line the CPU speed-up must not cross."""
 
 from __future__ import annotations
 
