@@ -125,17 +125,14 @@ def tunix_step_fn(learner, batch, samples: int):
     adv = jnp.asarray(algo_core.compute_advantages(np.asarray(batch.rewards, np.float32), samples))
 
     def step(_batch):
-        with stock_qwix():  # traces (first call) with Qwix's own LoRA update, as Tunix runs it
-            _step()
-
-    def _step():
         total = None
         for lo in range(0, len(prompts), micro):
             s = slice(lo, lo + micro)
             ex = common.TrainExample(prompt_ids=prompts[s], prompt_mask=jnp.ones_like(prompts[s]),
                                      completion_ids=comps[s], completion_mask=jnp.ones(comps[s].shape, jnp.float32),
                                      advantages=adv[s], ref_per_token_logps=None, old_per_token_logps=None)
-            g = micro_grads(model, ex)
+            with stock_qwix():  # the first call traces: with Qwix's own LoRA update, as Tunix runs it
+                g = micro_grads(model, ex)
             total = g if total is None else jax.tree.map(jnp.add, total, g)
         apply(model, optimizer, total)
         jax.block_until_ready(nnx.state(model, nnx.LoRAParam))

@@ -9,7 +9,7 @@ an estimated step time and an MFU estimate. Exit 0 with a last line `preflight: 
 Sequence length: the longest prompt (`--prompt-tokens`, default 256, at most max_model_len - max_tokens) plus
 rollout.sampling.max_tokens, rounded up to learner.seq_bucket, as the Learner pads a batch.
 TPU topologies need libtpu importable: in the learner env on a TPU VM, or here from the sidecar folder that
-setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu); see `_use_libtpu`.
+setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu); see `use_libtpu`.
 """
 
 from __future__ import annotations
@@ -55,11 +55,16 @@ def model_config_path(cfg: RunConfig, given: Path | None) -> Path:
                       "pass --model-config or add configs/models/<name>/config.json")
 
 
-def _use_libtpu(topology: str | None) -> None:
+def libtpu_sidecar() -> Path:
+    """Where setup installs libtpu for compiling without a TPU: $AHA_LIBTPU, default $AHA_CACHE/envs/libtpu."""
+    return Path(os.environ.get("AHA_LIBTPU", cache_dir() / "envs" / "libtpu")).expanduser()
+
+
+def use_libtpu(topology: str | None) -> None:
     """Make libtpu importable for a TPU topology; raise a one-line error naming setup when it is missing."""
     if topology in (None, "cpu") or importlib.util.find_spec("libtpu") is not None:
         return
-    sidecar = Path(os.environ.get("AHA_LIBTPU", cache_dir() / "envs" / "libtpu")).expanduser()
+    sidecar = libtpu_sidecar()
     if not (sidecar / "libtpu").is_dir():
         raise ConfigError(f"compiling for learner.topology {topology} needs libtpu, not found in this env nor in "
                           f"{sidecar}; run `{SETUP_HINT}` (it installs it there) or set AHA_LIBTPU=DIR")
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         hf_path = model_config_path(cfg, args.model_config)
-        _use_libtpu(cfg.learner.topology)
+        use_libtpu(cfg.learner.topology)
     except ConfigError as err:
         print(error_report(err, "preflight"), file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """Compile the LoRA gradient through one sharded SwiGLU MLP for a TPU topology, with Qwix's own update and with
 learner/lora_delta.py's, and print each compile's per-chip temporaries and FLOPs as JSON (no TPU needed: libtpu's
-compiler runs here). Run as a subprocess by tests/integration/test_lora_delta_tpu.py, with libtpu on sys.path.
+compiler runs here, found as preflight finds it). Run as a subprocess by tests/integration/test_lora_delta_tpu.py.
 
-    python tests/integration/lora_tpu_memory.py LIBTPU_DIR [TOPOLOGY]
+    python tests/integration/lora_tpu_memory.py [TOPOLOGY]
 """
 
 from __future__ import annotations
@@ -11,25 +11,27 @@ import json
 import os
 import sys
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-sys.path.insert(0, sys.argv[1])
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-from learner import lora_delta  # noqa: E402
+from orchestration.preflight import use_libtpu
 
 # Qwen2.5-1.5B's MLP at the TPU config's micro-batch (16 x 1280 tokens), LoRA r16, bf16 weights, fsdp over 4 chips.
 BATCH, TIME, DIM, FFN, RANK = 16, 1280, 1536, 8960, 16
 
 
 def main() -> None:
-    devices = topologies.get_topology_desc(topology_name=sys.argv[2] if len(sys.argv) > 2 else "v5e:2x2",
-                                           platform="tpu").devices
+    topology = sys.argv[1] if len(sys.argv) > 1 else "v5e:2x2"
+    # As preflight compiles: libtpu from the sidecar, no accelerator opened, beside any other libtpu user.
+    use_libtpu(topology)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from learner import lora_delta
+
+    devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
     mesh = Mesh(np.array(devices).reshape(len(devices), 1), ("fsdp", "tp"))
 
     def spec(shape, dtype, *axes):

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.prepare_model import cache_dir
+from orchestration.preflight import libtpu_sidecar
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
-LIBTPU = Path(os.environ.get("AHA_LIBTPU", cache_dir() / "envs" / "libtpu"))
+LIBTPU = libtpu_sidecar()
 
 
 def preflight(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
