@@ -65,7 +65,7 @@ CANDIDATES = {  # name: (overrides, prompt style); every one has >= 200 distinct
 
 
 def restyle(prompt, style: str):
-    """"plain": the prompt as orchestration.data renders it now; "current": the pre-issue-12 countdown prompt;
+    """"plain": the prompt as tasks renders it now; "current": the pre-issue-12 countdown prompt;
     "tagged": today's prompt with the tag instruction repeated in the user turn (no example, no placeholder)."""
     if style == "plain" or prompt.task != "countdown":
         return prompt
@@ -111,7 +111,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     import ray
 
-    from orchestration.prompts import PromptRenderer
+    from tasks.render import PromptRenderer
     from rewards.registry import setup_rewards
     from rollout.handle import Rollout
 

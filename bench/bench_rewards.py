@@ -14,7 +14,7 @@ import argparse
 import random
 import time
 
-from orchestration.data import DataConfig, setup_dataset
+from tasks import DataConfig, setup_dataset
 from rewards import REWARDS, RewardsConfig, Sample, setup_rewards
 
 COUNTDOWN_TARGET_PER_S = 20_000

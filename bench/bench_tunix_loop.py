@@ -77,8 +77,8 @@ def build_batches(data, model_path: Path, prompts_per_step: int, steps: int) -> 
     """Tunix input batches (prompt text + reference JSON), the tokenizer, and the longest prompt in tokens."""
     import numpy as np
 
-    from orchestration.data import PromptStream, setup_dataset
-    from orchestration.prompts import PromptRenderer
+    from tasks import PromptStream, setup_dataset
+    from tasks.render import PromptRenderer
 
     renderer = PromptRenderer(model_path, data.assistant_prefix)
     stream = PromptStream(setup_dataset(data, "train"), prompts_per_step, data.seed)

@@ -21,9 +21,9 @@ import tempfile
 import numpy as np
 import ray
 
-from orchestration.data.dataset import Prompt
+from tasks.dataset import Prompt
 from orchestration.prepare_model import model_dir
-from orchestration.prompts import PromptRenderer
+from tasks.render import PromptRenderer
 from rollout.backend import setup_backend
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig

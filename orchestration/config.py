@@ -1,6 +1,6 @@
 """One typed config tree for a run: YAML in, dotted overrides, one readable line per mistake.
 
-Each component owns its sub-config (`rollout.config`, `learner.config`, `rewards.config`, `orchestration.data`);
+Each component owns its sub-config (`rollout.config`, `learner.config`, `rewards.config`, `tasks`);
 this module only composes them and checks the few rules that span two parts (validators check, never rewrite).
 Nothing here imports jax or an engine, so `--help` and config errors are instant.
 """
@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
-from orchestration.data import DataConfig
+from tasks import DataConfig
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
 from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode

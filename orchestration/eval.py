@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from orchestration.config import (
     ConfigError, RunConfig, error_report, format_validation_error, load_config, part_config,
 )
-from orchestration.data import Prompt
+from tasks import Prompt
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 
@@ -106,7 +106,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tqdm import tqdm
 
     from orchestration.heldout import score_policy
-    from orchestration.prompts import PromptRenderer
+    from tasks.render import PromptRenderer
     from rewards.registry import setup_rewards
     from rollout.handle import Rollout
 

@@ -1,6 +1,6 @@
 """The held-out eval set and scoring a policy on it: shared by `orchestration.eval` and the in-loop eval.
 
-A prompt is in the eval split by a hash of its content (orchestration.data), so the eval prompts of *any*
+A prompt is in the eval split by a hash of its content (tasks), so the eval prompts of *any*
 `data.seed` are held out from the training prompts of every seed: `--seed` draws other held-out prompts.
 A sample counts as solved when its task reward (countdown or math_answer) is at least 1.0, the score of a right
 answer; format and repetition rewards never make a sample "solved".
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestration.data import DataConfig, Prompt, setup_dataset
+from tasks import DataConfig, Prompt, setup_dataset
 from rollout.sampling import SamplingParams
 
 TASK_REWARDS = ("countdown", "math_answer")

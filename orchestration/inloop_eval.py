@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from orchestration import stats
-from orchestration.data import DataConfig, Prompt
+from tasks import DataConfig, Prompt
 from orchestration.heldout import eval_prompts, eval_sampling, score_policy
 
 if TYPE_CHECKING:

@@ -32,12 +32,12 @@ from learner.batch import TrainBatch
 from learner.group import LearnerProcessLost
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
-from orchestration.data import Prompt, PromptStream
+from tasks import Prompt, PromptStream
 from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.inloop_eval import maybe_eval
 from orchestration.metrics import MetricsLog
-from orchestration.prompts import PromptRenderer
+from tasks.render import PromptRenderer
 from rewards.registry import RewardSet
 from rewards.types import Sample
 from rollout.capabilities import engine_caps

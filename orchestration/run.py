@@ -17,13 +17,13 @@ import ray
 
 from orchestration import cluster, signals
 from orchestration.config import RunConfig
-from orchestration.data import PromptStream, setup_dataset
+from tasks import PromptStream, setup_dataset
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.plots import write_plots
-from orchestration.prompts import PromptRenderer
+from tasks.render import PromptRenderer
 from rewards.registry import setup_rewards
 
 log = logging.getLogger(__name__)

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(error_report(err, "serve"), file=sys.stderr)
         return 2
-    from orchestration.data import setup_dataset
+    from tasks import setup_dataset
     from rollout.backend import setup_backend
 
     backend = setup_backend(backend_cfg, cfg.model.resolved_path, args.run_dir / "serve")

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     dump_config(cfg, run_dir / "config.yaml")
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir.resolve())
-    from orchestration.data import DatasetTooSmall
+    from tasks import DatasetTooSmall
     from orchestration.loop import LearnerDied
     from orchestration.resources import ResourceError
     from orchestration.run import run  # imports Ray, the learner and the engine client

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from orchestration.config import load_config
-from orchestration.data import PromptStream, setup_dataset
+from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
-from orchestration.prompts import PromptRenderer
+from tasks.render import PromptRenderer
 
 pytestmark = pytest.mark.integration
 

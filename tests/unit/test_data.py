@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from orchestration.data import DataConfig, Prompt, PromptStream, setup_dataset
+from tasks import DataConfig, Prompt, PromptStream, setup_dataset
 from rewards import countdown, format, math_answer
 
 
@@ -192,7 +192,7 @@ def test_rewards_read_the_assistant_prefix_with_the_completion(tiny_model_dir) -
     answer block; the turn as the reader sees it (prefix + completion) has one."""
     import dataclasses
 
-    from orchestration.prompts import PromptRenderer
+    from tasks.render import PromptRenderer
     from rewards.types import Sample
 
     prompt = setup_dataset(DataConfig(task="countdown", train_size=50, eval_size=0), "train")[0]

@@ -10,7 +10,7 @@ import pytest
 
 from orchestration import eval as eval_cli
 from orchestration.config import ConfigError
-from orchestration.data import DataConfig, setup_dataset
+from tasks import DataConfig, setup_dataset
 from orchestration.heldout import PolicyScores, eval_prompts, eval_sampling
 from rollout.sampling import SamplingParams
 

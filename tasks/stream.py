@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from orchestration.data.dataset import Prompt
+from tasks.dataset import Prompt
 
 
 class PromptStream:

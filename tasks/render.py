@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestration.data import Prompt
+from tasks.dataset import Prompt
 
 
 class PromptRenderer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestration.data.config import DataConfig
+from tasks.config import DataConfig
 
 
 def gsm8k_rows(cfg: DataConfig, split: str) -> list[tuple[str, str]]:

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestration.data.config import DataConfig
-from orchestration.data.generators import countdown_puzzle, word_problem
-from orchestration.data.gsm8k import gsm8k_rows
-from orchestration.data.templates import COUNTDOWN_USER, MATH_USER, render
+from tasks.config import DataConfig
+from tasks.generators import countdown_puzzle, word_problem
+from tasks.gsm8k import gsm8k_rows
+from tasks.templates import COUNTDOWN_USER, MATH_USER, render
 
 EVAL_BUCKETS = 10
 """One content hash bucket in this many belongs to eval; the rest to train."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from orchestration.data.config import DataConfig
+from tasks.config import DataConfig
 
 
 def countdown_puzzle(rng: random.Random, cfg: DataConfig) -> tuple[list[int], int, str] | None:

@@ -1,4 +1,5 @@
-"""Task data: prompts for Countdown and math, with references for the rewards, and a resumable prompt stream.
+"""The problem side: task data (prompts for Countdown and math, with references for the rewards), a resumable prompt stream,
+and the rendering of prompts into the model's token ids. `rollout/` and `learner/` are the solver side.
 
 Everything is made locally and deterministically from the config (nothing is downloaded at run time):
 - Countdown: random numbers combined by a random valid expression tree, so every puzzle is solvable and keeps its
@@ -12,11 +13,11 @@ Only the standard library and pydantic are imported: the driver and any Ray work
 
 One module per job: `config` (DataConfig), `templates` (prompt texts and rendering), `generators` (Countdown
 puzzles, word problems), `gsm8k` (the JSONL loader), `dataset` (Prompt, the hash-split draw, setup_dataset),
-`stream` (PromptStream).
+`stream` (PromptStream), `render` (PromptRenderer: chat template and token ids).
 """
 
-from orchestration.data.config import DataConfig
-from orchestration.data.dataset import DatasetTooSmall, Prompt, setup_dataset
-from orchestration.data.stream import PromptStream
+from tasks.config import DataConfig
+from tasks.dataset import DatasetTooSmall, Prompt, setup_dataset
+from tasks.stream import PromptStream
 
 __all__ = ["DataConfig", "DatasetTooSmall", "Prompt", "PromptStream", "setup_dataset"]
