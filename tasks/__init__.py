@@ -1,5 +1,5 @@
-"""The problem side: task data (prompts for Countdown and math, with references for the rewards), a resumable prompt stream,
-and the rendering of prompts into the model's token ids. `rollout/` and `learner/` are the solver side.
+"""The problem side: task data (prompts for Countdown and math, with references for the rewards), a resumable
+prompt stream, and the rendering of prompts into the model's token ids. `rollout/` and `learner/` are the solver side.
 
 Everything is made locally and deterministically from the config (nothing is downloaded at run time):
 - Countdown: random numbers combined by a random valid expression tree, so every puzzle is solvable and keeps its
