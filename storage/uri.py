@@ -41,14 +41,23 @@ def use_emulator() -> None:
     search. Only defaults are set: a value the user exported wins. Call before gcsfs is imported (its switch is read
     at import); every function here calls it.
     """
-    url = os.environ.get(EMULATOR)
+    url = emulator_url()
     if not url:
         return
-    url = url if "://" in url else f"http://{url}"
     for key, value in (("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false"), ("FSSPEC_GS_TOKEN", "anon"),
                        ("FSSPEC_GCS_TOKEN", "anon"), ("TENSORSTORE_GCS_HTTP_URL", url),
                        ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")):
-        os.environ.setdefault(key, value)
+        if os.environ.get(key) in (None, _ours.get(key)):  # ours from an earlier emulator may follow a new one
+            os.environ[key] = _ours[key] = value
+
+
+_ours: dict[str, str] = {}
+
+
+def emulator_url() -> str | None:
+    """$STORAGE_EMULATOR_HOST as a URL (Google's clients accept `host:port` too); None when unset."""
+    url = os.environ.get(EMULATOR)
+    return (url if "://" in url else f"http://{url}") if url else None
 
 
 def filesystem(path: str):
@@ -56,7 +65,9 @@ def filesystem(path: str):
     use_emulator()
     import fsspec
 
-    return fsspec.core.url_to_fs(path)
+    # The endpoint is part of fsspec's instance-cache key, so a process never reuses a client of another endpoint.
+    gcs = path.startswith(("gs://", "gcs://")) and emulator_url()
+    return fsspec.core.url_to_fs(path, **({"endpoint_url": emulator_url()} if gcs else {}))
 
 
 def exists(path: str | os.PathLike) -> bool:
