@@ -87,7 +87,9 @@ def test_local_run_dir_on_several_nodes_is_refused_at_start(cluster):
                           *TINY, "train.steps=1"], timeout_s=300)
     assert job.returncode != 0, job_output(job)
     lines = [line for line in (job.stdout + job.stderr).splitlines() if "run dir error:" in line]
-    assert len(lines) == 1 and "local path" in lines[0] and "gs://" in lines[0], job_output(job)
+    # One line (Ray's job status may quote the job's log tail, so it can be shown twice).
+    assert lines and len(set(lines)) == 1, job_output(job)
+    assert "local path" in lines[0] and "gs://" in lines[0] and "run_dir_shared" in lines[0], lines[0]
 
 
 def read_rows(run: str) -> list[dict]:
