@@ -143,7 +143,8 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         learner = cluster.start_learner(cfg, run_dir.path(CHECKPOINTS))
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(None, learner, setup_rewards(cfg.rewards), stream, renderer, None, run_dir)  # type: ignore[arg-type]
+        parts = Parts(None, learner, setup_rewards(cfg.rewards), stream, renderer,  # type: ignore[arg-type]
+                      None, run_dir)
         # Restored before any engine starts: a resume that cannot see its checkpoint fails in seconds, rows intact.
         step, extra = restore_learner(parts)
         drop_rows_after(run_dir, step)

@@ -56,7 +56,8 @@ def test_nodes_are_separate_hosts(cluster):
     assert cluster.run_on("c", ["test", "-e", "/tmp/aha-probe"]).returncode == 1, "node c sees node b's /tmp"
     assert not Path("/tmp/aha-probe").exists(), "this process sees node b's /tmp"
     # A server on b's loopback is unreachable from c; on b's own address it is reachable.
-    server = "import http.server as h, sys; h.HTTPServer((sys.argv[1], 18080), h.SimpleHTTPRequestHandler).handle_request()"
+    server = ("import http.server as h, sys\n"
+              "h.HTTPServer((sys.argv[1], 18080), h.SimpleHTTPRequestHandler).handle_request()")
     probe = ("import httpx, sys\ntry:\n    print(httpx.get(sys.argv[1], timeout=3).status_code)\n"
              "except httpx.HTTPError as e:\n    print(type(e).__name__)")
     for bind, reachable in (("127.0.0.1", False), (b, True)):

@@ -36,7 +36,7 @@ def test_wildcard_bind_never_becomes_the_url():
 
 
 def test_loopback_engine_on_another_node_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match="rollout.backend.host 127.0.0.1 is loopback.*leave rollout.backend.host unset"):
+    with pytest.raises(ValueError, match="host 127.0.0.1 is loopback.*leave rollout.backend.host unset"):
         engine_address("127.0.0.1", "10.0.0.3", "10.0.0.2")
 
 
