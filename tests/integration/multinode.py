@@ -16,6 +16,7 @@ Other people run tests on this box at the same time: every name (namespaces, vet
 process's PID, the /24 is one no interface of this box uses, and cleanup kills only the processes inside the
 namespaces made here and deletes exactly those namespaces and that bridge: never by a name pattern, never
 `ray stop`. Without root or `ip`/`nsenter`/`unshare`, `require_namespaces()` fails the test with one line.
+`AHA_KEEP_CLUSTER_LOGS=1` keeps the cluster's folder (each node's /tmp with its Ray logs, the bucket's files).
 """
 
 from __future__ import annotations
