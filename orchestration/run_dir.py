@@ -84,6 +84,17 @@ class RunDir:
         return max(steps) if steps else None
 
 
+def local_copy(run: str) -> Path:
+    """A local folder with a run's config.yaml and final adapter: the run dir itself, or, for a run on shared
+    storage, a fresh copy of those (what `orchestration.serve` starts an engine from)."""
+    if not is_uri(run):
+        return Path(run)
+    local = Path(tempfile.mkdtemp(prefix="aha-run-"))
+    for name in ("config.yaml", "summary.json", "adapter"):
+        download(join(run, name), local / name)
+    return local
+
+
 def check_shared(run_dir: RunDir, shared: bool, nodes: int) -> None:
     """Refuse a local run dir on a cluster of several nodes unless the config says every node mounts it."""
     if nodes > 1 and not run_dir.remote and not shared:
