@@ -260,11 +260,26 @@ class MultiNodeCluster:
             time.sleep(1)
         raise RuntimeError(f"Ray dashboard not up at {self.dashboard} after {timeout_s} s:\n{self.log_tail(self.head)}")
 
-    def alive_nodes(self) -> set[str]:
-        """IPs of the nodes the head counts alive."""
+    def _alive(self) -> dict[str, str]:
+        """node id -> IP of the nodes the head counts alive (a killed node stays ALIVE there until its health checks
+        time out, about 30 s)."""
         reply = httpx.get(f"{self.dashboard}/nodes?view=summary", headers=self._auth(), timeout=10)
         summary = reply.json()["data"]["summary"]
-        return {n["raylet"]["nodeManagerAddress"] for n in summary if n["raylet"].get("state") == "ALIVE"}
+        return {n["raylet"]["nodeId"]: n["raylet"]["nodeManagerAddress"] for n in summary
+                if n["raylet"].get("state") == "ALIVE"}
+
+    def alive_nodes(self) -> set[str]:
+        """IPs of the nodes the head counts alive."""
+        return set(self._alive().values())
+
+    def node_down(self, name: str) -> bool:
+        """Whether node `name` has no raylet left, read in its own namespace (not the head's delayed view)."""
+        pids = sh("ip", "netns", "pids", self.namespaces[name], check=False).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                if b"raylet" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return False
+        return True
 
     def wait_nodes(self, count: int, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
@@ -288,10 +303,12 @@ class MultiNodeCluster:
 
     def restart_node(self, name: str) -> None:
         """Node `name` killed (if anything is left of it) and started again with the same address and resources."""
+        before = set(self._alive())
         self.kill_node(name)
         self._start_node(name)
         deadline = time.monotonic() + 180
-        while self.ips[name] not in self.alive_nodes():
+        # Wait for a new registration from this address: the head may still list the killed node as ALIVE.
+        while not any(ip == self.ips[name] and node not in before for node, ip in self._alive().items()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {name} did not rejoin:\n{self.log_tail(name)}")
             time.sleep(1)

@@ -137,7 +137,7 @@ def test_resume_with_the_learner_on_another_node_keeps_every_row(cluster, lost_n
     run, first = lost_node_run
     assert first.returncode == 0, job_output(first)
     before = read_rows(run)
-    lost = [n for n in ("c", "d") if cluster.ips[n] not in cluster.alive_nodes()]
+    lost = [n for n in ("c", "d") if cluster.node_down(n)]
     for name in lost:
         cluster.restart_node(name)
     job = cluster.submit(["python", "-m", "orchestration.train", "--resume", run, "train.steps=5",
