@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
 from tasks import DataConfig
@@ -21,10 +21,7 @@ from rewards.config import RewardsConfig
 from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from strict_config import Strict
 
 
 class ModelConfig(Strict):

@@ -10,16 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rollout.server_process import engine_interpreter
+from strict_config import Strict
 
 Platform = Literal["cpu", "gpu", "tpu"]
 ExtraArgs = dict[str, str | int | float | bool]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class StartupAdapter(Strict):
