@@ -33,8 +33,6 @@ from tasks import Prompt
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 
-log = logging.getLogger("orchestration.eval")
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.eval", description=__doc__.splitlines()[0])

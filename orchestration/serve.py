@@ -20,8 +20,6 @@ from pathlib import Path
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, error_report, load_config
 
-log = logging.getLogger("orchestration.serve")
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.serve", description=__doc__.splitlines()[0])

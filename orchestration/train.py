@@ -17,7 +17,7 @@ from pathlib import Path
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, dump_config, error_report, load_config
 
-log = logging.getLogger("orchestration.train")
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,7 +14,6 @@ vLLM's API that `rollout.client` speaks. Differences from vLLM that callers can 
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,6 @@ from rollout.capabilities import check_sampling
 from rollout.server_process import DROP_ENV, ServerProcess
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.sampling import SamplingParams
-
-log = logging.getLogger(__name__)
 
 ENTRY = Path(__file__).with_name("sglang_jax_entry.py")
 

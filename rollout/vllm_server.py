@@ -18,7 +18,6 @@ Standalone use (e.g. `orchestration/serve.py`, a server with an adapter under a 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,6 @@ from rollout.config import VllmConfig
 from rollout.engine_config import cli_flags
 from rollout.server_process import DROP_ENV, ServerProcess
 from rollout.sampling import SamplingParams
-
-log = logging.getLogger(__name__)
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

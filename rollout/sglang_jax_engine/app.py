@@ -18,7 +18,8 @@ from rollout.sglang_jax_engine.lora_merge import MergedLora
 from rollout.sglang_jax_engine.patches import apply_cpu_patches
 from rollout.sglang_jax_engine.wire import choice, sampling_params, unsupported
 
-log = logging.getLogger("sglang_jax_entry")
+log = logging.getLogger(__name__)
+
 
 def kv_cache_tokens(model_dir: Path, gib: float, dtype: str) -> int:
     """Tokens a KV cache of `gib` GiB holds for this model (keys and values of every layer)."""

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("sglang_jax_entry")
 
 def peft_target(name: str) -> tuple[str, str]:
     """(HF weight name, "A" or "B") of a PEFT tensor name (base_model.model.model.layers.0.mlp.up_proj.lora_A...)."""

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
-log = logging.getLogger("sglang_jax_entry")
 
 def compat_model_dir(model: Path, out: Path) -> Path:
     """A folder view of `model` that transformers 4.55 (pinned by sglang-jax 0.0.2) reads as it was written.
