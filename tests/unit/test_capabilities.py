@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from learner.sampling import SamplingTransform
 from orchestration.config import ConfigError, load_config
 from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
 from rollout.config import VllmConfig
@@ -72,8 +73,13 @@ def test_the_same_overrides_load_on_cpu_where_vllm_honours_them():
 @pytest.mark.parametrize("override", ["rollout.sampling.repetition_penalty=1.1", "rollout.sampling.min_tokens=4"])
 def test_penalties_in_processed_logprobs_load_because_the_learner_models_them(override):
     # vLLM takes its processed logprobs after penalties and min_tokens; the chunked learner reproduces both
-    # (learner/sampling.py), so the importance correction stays on. The dense reference does not: refused there.
-    assert load_config(DEMO, [override]).learner.grpo.is_cap is not None
+    # (learner/sampling.py), so the config loads with the importance correction on and the learner's transform
+    # carries the value. The dense reference does not model them: refused there.
+    cfg = load_config(DEMO, [override])
+    field, value = override.removeprefix("rollout.sampling.").split("=")
+    transform = SamplingTransform.of(cfg.rollout.sampling, eos_token_ids=(2,))
+    assert cfg.learner.grpo.is_cap is not None and transform.needs_history
+    assert getattr(transform, field) == type(getattr(transform, field))(value), f"the learner drops {field}"
     line = refusal(DEMO, [override, "learner.logprob_chunk=0"])
     assert "learner.logprob_chunk" in line
 
