@@ -245,10 +245,6 @@ class RunConfig(Strict):
                              "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")
         return self
 
-    @property
-    def group_size(self) -> int:
-        return self.rollout.sampling.n
-
 
 class ConfigError(ValueError):
     """A config mistake, already formatted as one line per problem."""

@@ -25,7 +25,6 @@ OFF: dict[str, float | int | None] = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
 }
 PENALTIES = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"})
-TRUNCATION = frozenset({"min_p", "top_k", "top_p"})
 ALL = frozenset(OFF)
 
 
