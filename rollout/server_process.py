@@ -43,7 +43,7 @@ def engine_interpreter(env_var: str, env_name: str) -> Path:
     return cache / "envs" / env_name / "bin" / "python"
 
 
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free on `host` right now."""
     with socket.socket() as sock:
         sock.bind((host, 0))

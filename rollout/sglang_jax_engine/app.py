@@ -183,11 +183,3 @@ def build_app(engine, args: argparse.Namespace):
         return {"status": "ok", "lora_name": name, "live": state["model"]}
 
     return app
-
-
-def die_with_parent() -> None:
-    """SIGTERM this server when the process that started it dies (Ray kills actors with SIGKILL)."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG

@@ -25,6 +25,7 @@ import pytest
 from orchestration.config import load_config
 from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
+from rollout.server_process import free_port
 from tasks.render import PromptRenderer
 
 pytestmark = pytest.mark.integration
@@ -279,14 +280,6 @@ def serve_and_ask(run_dir: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> None:
