@@ -18,7 +18,7 @@ from learner.config import LearnerConfig
 from tasks import DataConfig
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode
+from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode, needs_history
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 from strict_config import Strict
@@ -238,9 +238,7 @@ class RunConfig(Strict):
             raise ValueError(f"rollout.sampling.extra sets {unmodelled}, which the learner does not model, so the "
                              "importance correction would compare different distributions; remove them or set "
                              "learner.grpo.is_cap: null")
-        history = (s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
-                   or s.min_tokens > 0)
-        if history and learner.logprob_chunk == 0:
+        if needs_history(s) and learner.logprob_chunk == 0:
             raise ValueError("rollout.sampling sets penalties or min_tokens, which learner.logprob_chunk: 0 (the "
                              "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")
         return self
