@@ -7,16 +7,28 @@ and `extra_args` (engine options not modelled here, one dict type for all engine
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from rollout.server_process import engine_interpreter
 from strict_config import Strict
 
 Platform = Literal["cpu", "gpu", "tpu"]
 ExtraArgs = dict[str, str | int | float | bool]
+
+
+def engine_interpreter(env_var: str, env_name: str) -> Path:
+    """An engine env's interpreter: $<env_var>, else this clone's .venv-<env_name> (what its setup linked), else
+    $AHA_CACHE/envs/<env_name>/bin/python (the machine's last-built one; AHA_CACHE defaults to ~/.cache/aha)."""
+    if env := os.environ.get(env_var):
+        return Path(env)
+    clone = Path(__file__).resolve().parents[1] / f".venv-{env_name}" / "bin" / "python"
+    if clone.exists():
+        return clone
+    cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
+    return cache / "envs" / env_name / "bin" / "python"
 
 
 class StartupAdapter(Strict):
