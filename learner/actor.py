@@ -73,14 +73,6 @@ class LearnerWorker:
             return str(out_dir)
         return str(self.learner.export_lora(Path(out_dir)))
 
-    def export_merged(self, out_dir: str) -> str:
-        from learner.distributed import is_primary
-
-        if not is_primary():
-            self.learner.lora_tensors()
-            return str(out_dir)
-        return str(self.learner.export_merged(Path(out_dir)))
-
     def save(self, step: int, extra: dict | None = None) -> None:
         self.learner.save(step, extra)
 

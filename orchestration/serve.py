@@ -19,6 +19,7 @@ from pathlib import Path
 
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, error_report, load_config
+from rollout.peft_adapter import ADAPTER_CONFIG
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.run_dir / "config.yaml")
         adapter_dir = None if args.base_only else (args.run_dir / "adapter").resolve()
-        if adapter_dir is not None and not (adapter_dir / "adapter_config.json").exists():
-            raise ConfigError(f"{adapter_dir} has no adapter_config.json: the run has not finished; "
+        if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).exists():
+            raise ConfigError(f"{adapter_dir} has no {ADAPTER_CONFIG}: the run has not finished; "
                               f"`python -m orchestration.train --resume {args.run_dir}` completes it, or use --base-only")
         if args.api_key == "random":
             args.api_key = secrets.token_urlsafe(24)
