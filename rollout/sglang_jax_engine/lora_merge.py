@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from rollout.peft_adapter import merged_deltas, read_adapter
+from upstream_pins import require_pinned
 
 
 class MergedLora:
     """Swaps base + LoRA weights into the engine's jitted forward (same shapes and shardings: no recompile)."""
 
     def __init__(self, engine, model_dir: Path):
+        require_pinned("sglang-jax", "rollout/sglang_jax_engine/lora_merge.py")  # reaches into its model runner
         self.runner = engine.scheduler_info["scheduler"].tp_worker.worker.model_runner
         self.model_dir = model_dir
         self.model = self.runner.model

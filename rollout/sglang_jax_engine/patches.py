@@ -1,9 +1,12 @@
-"""Start-up fixes the pinned sglang-jax (0.0.2) needs on CPU; each names its upstream cause and checks the version."""
+"""Start-up fixes the pinned sglang-jax (0.0.2) needs on CPU; each names its upstream cause. Another sglang-jax is
+refused with one line (upstream_pins.py); docs/patches.md lists them with what would retire each."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from upstream_pins import require_pinned
 
 
 def compat_model_dir(model: Path, out: Path) -> Path:
@@ -40,11 +43,8 @@ def compat_model_dir(model: Path, out: Path) -> Path:
 
 def apply_cpu_patches() -> list[str]:
     """Small fixes sglang-jax 0.0.2 needs on the JAX CPU backend; returns the names of those applied."""
-    from importlib.metadata import version
-
+    require_pinned("sglang-jax", "rollout/sglang_jax_engine/patches.py")  # written against 0.0.2 only
     applied: list[str] = []
-    if version("sglang-jax") != "0.0.2":  # written against 0.0.2 only; a newer release must be re-checked
-        return applied
     _import_native_attention_once()
     applied.append("native-attention-pytree")
     _load_weights_unpadded_off_tpu()
