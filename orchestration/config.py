@@ -173,14 +173,23 @@ def part_config(section: BaseModel, part: type[BaseModel]) -> Any:
 
 class RunConfig(Strict):
     model: ModelConfig = ModelConfig()
+    """The base model."""
     rollout: RolloutSection
+    """The inference engine that samples (rollout/config.py) and the Ray resources of its servers."""
     learner: LearnerSection = LearnerSection()
+    """The LoRA learner (learner/config.py) and the Ray resources of its processes."""
     rewards: RewardsConfig
+    """The weighted rewards (rewards/config.py)."""
     data: DataConfig = DataConfig()
+    """The task's prompts (tasks/config.py)."""
     train: TrainConfig = TrainConfig()
+    """The loop: steps, prompts per step, sync or async, checkpoints, seeds, the run directory."""
     logging: LoggingConfig = LoggingConfig()
+    """Where metrics go besides metrics.jsonl."""
     eval: EvalConfig = EvalConfig()
+    """Held-out evaluation during training."""
     ray: RayConfig = RayConfig()
+    """The Ray cluster to join or start."""
 
     @model_validator(mode="after")
     def check_group_size(self) -> "RunConfig":

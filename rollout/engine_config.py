@@ -35,7 +35,9 @@ class StartupAdapter(Strict):
     """A LoRA adapter (PEFT folder) the server attaches before it answers, served under `name`."""
 
     name: str
+    """The model name requests use for it."""
     path: Path
+    """The PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
 
 
 class EngineConfig(Strict):
