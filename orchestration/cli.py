@@ -1,8 +1,15 @@
-"""The `aha` console script: `aha COMMAND ...` is `python -m orchestration.<command> ...` (both keep working)."""
+"""The `aha` console script: `aha COMMAND ...` is `python -m orchestration.<command> ...` (both keep working).
+
+`prepare-model` converts checkpoints with torch and transformers, which only the engine env has: `aha` runs it
+there (the interpreter rollout.backend.python would default to), with this clone on its path.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "train": ("orchestration.train", "GRPO training with LoRA (--help-config: every config key)"),
@@ -11,6 +18,7 @@ COMMANDS = {
     "preflight": ("orchestration.preflight", "will the learner fit its chips? compile only, no TPU needed"),
     "prepare-model": ("orchestration.prepare_model", "make a model folder from a local GGUF or HF folder"),
 }
+IN_ENGINE_ENV = {"prepare-model"}
 
 
 def usage() -> str:
@@ -26,6 +34,13 @@ def main() -> int:
     if sys.argv[1] not in COMMANDS:
         print(f"aha: unknown command {sys.argv[1]!r}\n{usage()}", file=sys.stderr)
         return 2
+    if sys.argv[1] in IN_ENGINE_ENV:
+        from rollout.engine_config import engine_interpreter
+
+        root = str(Path(__file__).resolve().parents[1])
+        python = engine_interpreter("AHA_VLLM_PYTHON", "vllm")
+        return subprocess.call([str(python), "-m", COMMANDS[sys.argv[1]][0], *sys.argv[2:]],
+                               env={**os.environ, "PYTHONPATH": root})
     import importlib
 
     module = importlib.import_module(COMMANDS[sys.argv[1]][0])
