@@ -14,6 +14,7 @@ from learner.sampling import SamplingTransform
 from orchestration.config import ConfigError, load_config
 from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
 from rollout.config import VllmConfig
+from rollout.engine_config import EngineConfig
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
@@ -109,8 +110,8 @@ def test_backends_refuse_the_request_too():
 
 def test_swapping_engines_keeps_the_shared_fields():
     vllm = VllmConfig(platform="gpu", max_model_len=512, extra_args={"a": 1}, tensor_parallel_size=2)
-    shared = vllm.model_dump(exclude={"kind", "kv_cache_space_gb", "gpu_memory_utilization", "enable_lora",
-                                      "max_loras", "max_cpu_loras", "logprobs_mode", "startup_timeout_s"})
+    # Every field EngineConfig declares means the same on both engines (startup_timeout_s: their defaults differ).
+    shared = vllm.model_dump(include=set(EngineConfig.model_fields) - {"startup_timeout_s"})
     sglang = SglangJaxConfig(**shared)
     assert sglang.platform == "gpu" and sglang.extra_args == {"a": 1} and sglang.tensor_parallel_size == 2
 
