@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     except KeyboardInterrupt as exc:
         exc = signals.interrupted(exc)
+        backend.stop()  # before the line, which must be the last one (the engine's own stop is logged)
         print(f"serve: stopped (interrupted by {exc.name}); the engine is shut down", file=sys.stderr)
         return exc.exit_code()
     finally:
