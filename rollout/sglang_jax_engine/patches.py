@@ -204,6 +204,8 @@ def _import_native_attention_once() -> None:
     # decorated with `jax.tree_util.register_pytree_node_class`, so importing it raises "Duplicate custom PyTreeDef
     # type registration" (the TPU path never imports it). Import it once with a decorator that keeps the first
     # registration; nnx's flattening of a module holding only ints is equivalent. Scoped to this one import.
+    import importlib
+
     import jax.tree_util as tree_util
 
     original = tree_util.register_pytree_node_class
@@ -218,6 +220,6 @@ def _import_native_attention_once() -> None:
 
     tree_util.register_pytree_node_class = register_once
     try:
-        import sgl_jax.srt.layers.attention.native_backend  # noqa: F401
+        importlib.import_module("sgl_jax.srt.layers.attention.native_backend")
     finally:
         tree_util.register_pytree_node_class = original
