@@ -5,9 +5,12 @@ docs/patches.md lists every such place with what it does, why, and which upstrea
 - `learner/model.py` rebuilds Tunix's `Attention.block` with another `apply_rope` (`fix_rope_theta`), sets Gemma
   3's per-layer attention attributes (`fix_gemma3_layers`) and swaps the LM head's class (`hidden_out`);
 - `rollout/sglang_jax_engine/patches.py` fixes sglang-jax on CPU at start-up, and `lora_merge.py` swaps merged
-  weights into its compiled forward.
-Each calls `require_pinned` first, so another installed version stops with one line naming the pin instead of
-running on silently changed code. A top-level module, stdlib only: the learner env and the SGLang-JAX env import it.
+  weights into its compiled forward;
+- `rollout/engine_ext/aha_vllm_cpu_lora.py` replaces vLLM-CPU's LoRA ops inside the engine's worker.
+Each calls `require_pinned` first (the vLLM extension, which runs where nothing of ours is importable, checks its
+own `PINNED`, held equal to the pin here by tests/unit/test_patches.py), so another installed version stops with one
+line naming the pin instead of running on silently changed code. A top-level module, stdlib only: the learner env
+and the SGLang-JAX env import it.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from __future__ import annotations
 import functools
 from importlib.metadata import version
 
-# The versions of the lock files (requirements/learner.lock and learner-tpu.lock; sglang_jax.lock for sglang-jax):
+# The versions of the lock files (requirements/learner.lock and learner-tpu.lock; sglang_jax.lock; vllm.lock):
 # tests/unit/test_patches.py holds them equal.
-PINS = {"qwix": "0.1.8", "google-tunix": "0.1.7", "sglang-jax": "0.0.2"}
+PINS = {"qwix": "0.1.8", "google-tunix": "0.1.7", "sglang-jax": "0.0.2", "vllm-cpu": "0.32.0"}
 
 
 def pin_error(distribution: str, installed: str, patch: str) -> str | None:
