@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rollout.backend import setup_backend
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.sampling import SamplingParams
+from rollout.vllm_server import ENGINE_EXT
 
 ALL_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
               "frequency_penalty", "stop", "stop_token_ids", "seed", "n", "max_tokens", "min_tokens", "logprobs",
@@ -118,7 +119,8 @@ def test_server_command_and_env_pin_the_engine_settings(tmp_path, monkeypatch):
         assert cmd[cmd.index(flag) + 1] == value, flag
     assert "--enable-lora" in cmd and cmd[-4:] == ["--seed", "1", "--enforce-eager", "--no-enable-prefix-caching"]
     env = backend.environment()
-    assert env["OMP_NUM_THREADS"] == "2" and env["FOO"] == "bar" and "PYTHONPATH" not in env
+    # The driver's PYTHONPATH never reaches the engine; on CPU only our engine extension's folder is on it.
+    assert env["OMP_NUM_THREADS"] == "2" and env["FOO"] == "bar" and env.get("PYTHONPATH") == str(ENGINE_EXT)
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HUB_OFFLINE"] == "1"
 
 
