@@ -76,6 +76,8 @@ class ServerProcess:
     """What to do when the engine's interpreter is missing."""
     control_timeout_s = 120.0
     """Timeout of control-plane calls (adapter load/unload)."""
+    missing_ids_hint = ""
+    """Added to the error for a response choice without token ids and logprobs (a likely cause)."""
 
     def __init__(self, cfg: Any, model_path: Path, workdir: Path | None = None):
         self.cfg = cfg
@@ -84,9 +86,6 @@ class ServerProcess:
         self.base_url: str | None = None
         self._proc: subprocess.Popen | None = None
         self._log_path: Path | None = None
-
-    missing_ids_hint = ""
-    """Added to the error for a response choice without token ids and logprobs (a likely cause)."""
 
     def command(self, port: int) -> list[str]:
         raise NotImplementedError
