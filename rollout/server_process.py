@@ -68,7 +68,8 @@ def group_alive(pgid: int) -> bool:
 
 
 class ServerProcess:
-    """Launch, watch, stop and control one engine server; subclasses define command() and environment()."""
+    """Launch, watch, stop and control one engine server, and speak its dialect; subclasses define command() and
+    their engine_env()."""
 
     engine_name = "engine"
     """Name used in logs and errors."""
