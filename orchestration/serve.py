@@ -18,12 +18,14 @@ from pathlib import Path
 
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, error_report, load_config
+from orchestration.run_dir import local_copy
 from rollout.peft_adapter import ADAPTER_CONFIG
+from storage.uri import absolute
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.serve", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path, help="a training run directory (has config.yaml and adapter/)")
+    p.add_argument("run_dir", help="a training run directory (has config.yaml and adapter/), or its gs:// URI")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", help="model name clients use for the adapter (default: the run directory's name)")
@@ -53,14 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.run_dir / "config.yaml")
-        adapter_dir = None if args.base_only else (args.run_dir / "adapter").resolve()
+        run_dir = local_copy(args.run_dir)  # a run on shared storage: its config and adapter, fetched
+        cfg = load_config(run_dir / "config.yaml")
+        adapter_dir = None if args.base_only else (run_dir / "adapter").resolve()
         if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).exists():
             raise ConfigError(f"{adapter_dir} has no {ADAPTER_CONFIG}: the run has not finished; "
                               f"`python -m orchestration.train --resume {args.run_dir}` completes it, or use --base-only")
         if args.api_key == "random":
             args.api_key = secrets.token_urlsafe(24)
-        name = args.name or ("base" if args.base_only else args.run_dir.resolve().name)
+        name = args.name or ("base" if args.base_only else Path(absolute(args.run_dir)).name)
         backend_cfg = serving_backend(cfg, args, adapter_dir, name)
     except ConfigError as err:
         print(error_report(err, "serve"), file=sys.stderr)
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks import setup_dataset
     from rollout.backend import setup_backend
 
-    backend = setup_backend(backend_cfg, cfg.model.resolved_path, args.run_dir / "serve")
+    backend = setup_backend(backend_cfg, cfg.model.resolved_path, run_dir / "serve")
     try:
         url = backend.start()
         example = setup_dataset(cfg.data, "eval")[0]
@@ -84,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     except KeyboardInterrupt as exc:
         exc = signals.interrupted(exc)
-        backend.stop()  # before the line, which must be the last one (the engine's own stop is logged)
+        backend.stop()  # first, so the line below is the last one and true
         print(f"serve: stopped (interrupted by {exc.name}); the engine is shut down", file=sys.stderr)
         return exc.exit_code()
     finally:
-        backend.stop()
+        backend.stop()  # idempotent
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     keys = iter(jax.random.split(jax.random.key(0), 1000))
     learner.params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), learner.params)
 
-    adapter = learner.export_lora(tmp_path / "adapter")
+    adapter = Path(learner.export_lora(tmp_path / "adapter"))
     merged = merged_model(model_dir, adapter, tmp_path / "merged")
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and len(config["target_modules"]) == 7
