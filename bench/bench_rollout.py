@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.handle import Rollout  # noqa: E402
-from rollout.peft_layout import random_peft_adapter  # noqa: E402
+from rollout.peft_adapter import random_peft_adapter  # noqa: E402
 from rollout.sampling import SamplingParams  # noqa: E402
 
 # vLLM's benchmark client, run in the engine env; its `vllm bench` console script needs package metadata under
@@ -52,7 +52,7 @@ print("AHA_RESULT " + json.dumps({k: result[k] for k in ("output_throughput", "t
 """
 
 def random_adapter(path: Path, rank: int, seed: int) -> tuple[dict[str, np.ndarray], dict]:
-    """Small random PEFT LoRA tensors for every projection (a plausible update), via rollout.peft_layout."""
+    """Small random PEFT LoRA tensors for every projection (a plausible update), via rollout.peft_adapter."""
     return random_peft_adapter(path, rank, seed, scale=0.02)
 
 

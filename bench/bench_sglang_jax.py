@@ -29,9 +29,9 @@ import numpy as np
 
 from bench.bench_rollout import random_adapter  # noqa: E402
 from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
-from rollout.actor import write_peft_adapter  # noqa: E402
 from rollout.client import RolloutClient  # noqa: E402
 from rollout.config import ClientConfig, VllmConfig  # noqa: E402
+from rollout.peft_adapter import write_adapter  # noqa: E402
 from rollout.sglang_jax_config import SglangJaxConfig  # noqa: E402
 from rollout.sglang_jax_server import SglangJaxBackend  # noqa: E402
 from rollout.sampling import SamplingParams  # noqa: E402
@@ -65,7 +65,7 @@ def push_pauses(backend, client: RolloutClient, path: Path, args: argparse.Names
         tensors, config = random_adapter(path, args.rank, seed=version)
         name = f"policy-v{version}"
         t0 = time.perf_counter()
-        folder = write_peft_adapter(workdir / "adapters" / name, tensors, config)
+        folder = write_adapter(workdir / "adapters" / name, tensors, config)
         backend.load_lora(name, folder)
         if previous is not None:
             backend.unload_lora(previous[0])

@@ -63,20 +63,18 @@ class LearnerWorker:
 
     def lora_tensors(self) -> tuple[dict, dict] | None:
         """The PEFT tensors from process 0; None from the others (they only take part in the gather)."""
+        from learner.distributed import is_primary
+
         out = self.learner.lora_tensors()
-        return out if _primary() else None
+        return out if is_primary() else None
 
     def export_lora(self, out_dir: str) -> str:
-        if not _primary():  # the gather is collective; one process writes
+        from learner.distributed import is_primary
+
+        if not is_primary():  # the gather is collective; one process writes
             self.learner.lora_tensors()
             return str(out_dir)
         return self.learner.export_lora(out_dir)
-
-    def export_merged(self, out_dir: str) -> str:
-        if not _primary():
-            self.learner.lora_tensors()
-            return str(out_dir)
-        return self.learner.export_merged(out_dir)
 
     def save(self, step: int, extra: dict | None = None) -> None:
         self.learner.save(step, extra)
@@ -93,12 +91,6 @@ class LearnerWorker:
     def devices(self) -> list[str]:
         """The learner's mesh devices, as strings (for logs and tests)."""
         return [str(d) for d in self.learner.mesh.devices.flat]
-
-
-def _primary() -> bool:
-    import jax
-
-    return jax.process_index() == 0
 
 
 LearnerActor = ray.remote(LearnerWorker)

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from strict_config import Strict
 
 LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class DevicesConfig(Strict):
@@ -67,9 +65,11 @@ class OptimizerConfig(Strict):
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up, in optimizer updates."""
     b1: float = Field(0.9, ge=0, lt=1)
+    """Adam first-moment (momentum) decay."""
     b2: float = Field(0.99, ge=0, lt=1)
     """Adam second-moment decay; 0.99 is common in RL (few, noisy updates)."""
     eps: float = Field(1e-8, gt=0)
+    """Added to Adam's second-moment root, for stability."""
     weight_decay: float = Field(0.0, ge=0)
     """Decoupled weight decay on the LoRA weights."""
     max_grad_norm: float | None = Field(1.0, gt=0)
@@ -133,8 +133,11 @@ class LearnerConfig(Strict):
     """The chips the learner's JAX processes see, as a TPU topology name (e.g. "v5e:2x2": 4 v5e chips; "v5e:2x4":
     8 chips on 2 hosts), or "cpu". Only `orchestration.preflight` reads it: it compiles the step for it."""
     lora: LoraConfig = LoraConfig()
+    """The LoRA adapter: rank, alpha, target projections."""
     optimizer: OptimizerConfig = OptimizerConfig()
+    """AdamW on the LoRA weights."""
     grpo: GrpoConfig = GrpoConfig()
+    """The GRPO loss, its batching and the importance correction."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the base weights and LoRA weights (float32 on CPU: bf16 is slow there and causes logit ties)."""
     seq_bucket: int = Field(64, ge=1)

@@ -33,7 +33,7 @@ from learner.config import LearnerConfig
 log = logging.getLogger(__name__)
 
 DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
-METHODS = ("step", "lora_tensors", "export_lora", "export_merged", "save", "restore", "devices", "node")
+METHODS = ("step", "lora_tensors", "export_lora", "save", "restore", "devices", "node")
 
 
 class LearnerProcessLost(RuntimeError):

@@ -7,7 +7,7 @@ One `step(batch)`:
 3. if more than one update per batch (epochs or mini-batches): one forward for the old logprobs;
 4. per epoch, per mini-batch: accumulate gradients over micro-batches, then one AdamW update of the LoRA;
 5. metrics as token-weighted means over everything the step saw.
-The adapter leaves as PEFT tensors (`lora_tensors`, `export_lora`) or merged weights (`export_merged`).
+The adapter leaves as PEFT tensors (`lora_tensors`) or a PEFT folder (`export_lora`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from learner.batch import PackedBatch, TrainBatch, pack, slice_rows
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
 from learner.distributed import put_global, to_host, tree_to_host
-from learner.lora import adapter_config, apply_lora, peft_tensors, write_merged, write_peft
+from learner.lora import adapter_config, apply_lora, peft_tensors
 from learner.loss import LossOptions, constant_reward_groups, grpo_advantages, token_weights
 from learner.mesh import learner_mesh
 from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
+from rollout.peft_adapter import write_adapter
 from storage.uri import is_uri, upload
 
 log = logging.getLogger(__name__)
@@ -215,12 +216,7 @@ class Learner:
         """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load; `out_dir`
         may be a storage URI (gs://...), where every host can read it."""
         tensors, config = self.lora_tensors()
-        return _write_folder(out_dir, lambda local: write_peft(local, tensors, config))
-
-    def export_merged(self, out_dir: str | Path) -> str:
-        """HF folder with the LoRA folded into the base weights (for serving without LoRA support); local or URI."""
-        tensors, config = self.lora_tensors()
-        return _write_folder(out_dir, lambda local: write_merged(self.model_path, local, tensors, config))
+        return _write_folder(out_dir, lambda local: write_adapter(local, tensors, config))
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, step: int, extra: dict | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Qwix LoRA on the Tunix model, and its PEFT view: tensors, adapter_config.json, files, merged weights.
+"""Qwix LoRA on the Tunix model, and its PEFT view: Qwix's arrays as PEFT tensors and adapter config.
 
 Qwix stores LoRA next to each intercepted weight (`w_lora_a/b` on Tunix `Einsum`s, `kernel_lora_a/b` on
 `nnx.Linear`), with A = [*contracting dims, r] and B = [r, *output dims]. PEFT wants A as [r, in] and B as
@@ -9,15 +9,13 @@ by alpha / r, so lora_alpha = alpha.
 Config targets are PEFT names; each family maps them to its Tunix modules (`FAMILY_MODULES`): llama3 / qwen2 /
 qwen3 use the same names, gemma3 has q_einsum, kv_einsum (k and v fused) and attn_vec_einsum. Gemma3's kv_einsum
 LoRA has one A [D, r] for k and v and B [r, 2, kv_heads, head_dim]: exported as k_proj and v_proj adapters with
-the same A and B's two slices, which is the same update.
+the same A and B's two slices, which is the same update. The PEFT format itself (names, files, the merge math)
+is rollout/peft_adapter.py's, shared with the engines.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +24,8 @@ from flax import nnx
 
 from learner import lora_delta
 from learner.config import LoraConfig
+from rollout import peft_adapter
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _LORA_LEAF = re.compile(r"^(?:w|kernel)_lora_(a|b)$")
 _LLAMA_MODULES = {"q_proj": ("attn", "q_proj"), "k_proj": ("attn", "k_proj"), "v_proj": ("attn", "v_proj"),
                   "o_proj": ("attn", "o_proj"), "gate_proj": ("mlp", "gate_proj"), "up_proj": ("mlp", "up_proj"),
@@ -41,11 +38,20 @@ FAMILY_MODULES: dict[str, dict[str, tuple[str, str]]] = {
                "v_proj": ("attn", "kv_einsum"), "o_proj": ("attn", "attn_vec_einsum")},
 }
 FUSED = {"gemma3": [("k_proj", "v_proj")]}
-# Tunix module -> HF module path(s) under a layer; a fused module lists one per slice of its leading axis.
-HF_MODULES = {"q_proj": ["self_attn.q_proj"], "k_proj": ["self_attn.k_proj"], "v_proj": ["self_attn.v_proj"],
-              "o_proj": ["self_attn.o_proj"], "q_einsum": ["self_attn.q_proj"],
-              "kv_einsum": ["self_attn.k_proj", "self_attn.v_proj"], "attn_vec_einsum": ["self_attn.o_proj"],
-              "gate_proj": ["mlp.gate_proj"], "up_proj": ["mlp.up_proj"], "down_proj": ["mlp.down_proj"]}
+
+
+def _peft_targets() -> dict[str, list[str]]:
+    """Tunix module -> the PEFT target(s) it holds, read off FAMILY_MODULES; a fused module lists one per slice of
+    its leading axis, in the family map's order (gemma3's kv_einsum: k_proj, then v_proj)."""
+    targets: dict[str, list[str]] = {}
+    for modules in FAMILY_MODULES.values():
+        for target, (_, module) in modules.items():
+            if target not in targets.setdefault(module, []):
+                targets[module].append(target)
+    return targets
+
+
+PEFT_TARGETS = _peft_targets()
 
 
 def lora_modules(family: str, targets: tuple[str, ...] | list[str]) -> dict[str, tuple[str, str]]:
@@ -98,10 +104,10 @@ def peft_names(path: tuple) -> list[str]:
     A fused module (gemma3's kv_einsum) gives one name per HF module it holds, in its leading axis's order.
     """
     keys = [str(getattr(k, "key", k)) for k in path]
-    if len(keys) != 5 or keys[0] != "layers" or keys[3] not in HF_MODULES or not _LORA_LEAF.match(keys[4]):
+    if len(keys) != 5 or keys[0] != "layers" or keys[3] not in PEFT_TARGETS or not _LORA_LEAF.match(keys[4]):
         raise ValueError(f"LoRA leaf {'.'.join(keys)} has no PEFT name: only layer projections export")
     ab = _LORA_LEAF.match(keys[4]).group(1).upper()
-    return [f"base_model.model.model.layers.{keys[1]}.{hf}.lora_{ab}.weight" for hf in HF_MODULES[keys[3]]]
+    return [peft_adapter.tensor_name(int(keys[1]), target, ab) for target in PEFT_TARGETS[keys[3]]]
 
 
 def to_peft(value: np.ndarray, name: str, rank: int) -> np.ndarray:
@@ -144,58 +150,5 @@ def peft_tensors(lora_params: dict, rank: int) -> dict[str, np.ndarray]:
 
 
 def adapter_config(cfg: LoraConfig, base_model: str) -> dict[str, Any]:
-    """PEFT adapter_config.json contents (vLLM and peft read r, lora_alpha, target_modules)."""
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
-        "r": cfg.rank,
-        "lora_alpha": cfg.alpha,
-        "lora_dropout": 0.0,
-        "target_modules": sorted(cfg.target_modules),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "inference_mode": True,
-        "modules_to_save": None,
-    }
-
-
-def write_peft(out_dir: Path, tensors: dict[str, np.ndarray], config: dict[str, Any]) -> Path:
-    """adapter_config.json + adapter_model.safetensors in `out_dir` (weights first, config last)."""
-    from safetensors.numpy import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    (out_dir / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
-    return out_dir
-
-
-def write_merged(base_dir: Path, out_dir: Path, tensors: dict[str, np.ndarray], config: dict[str, Any]) -> Path:
-    """HF folder with W + (alpha / r) B A folded into the base weights (for servers without LoRA)."""
-    from safetensors.numpy import load_file, save_file
-
-    base_dir, out_dir = Path(base_dir), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    scale = config["lora_alpha"] / config["r"]
-    files = sorted(base_dir.glob("*.safetensors"))
-    weights: dict[str, np.ndarray] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    for name, a in tensors.items():
-        if not name.endswith("lora_A.weight"):
-            continue
-        b = tensors[name.replace("lora_A", "lora_B")]
-        hf_name = name.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
-        if hf_name not in weights:
-            raise KeyError(f"{hf_name} not in {base_dir}: the adapter does not belong to this base model")
-        w = weights[hf_name]
-        weights[hf_name] = (w.astype(np.float32) + scale * (b @ a)).astype(w.dtype)
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    for extra in base_dir.iterdir():  # config, tokenizer, generation config
-        if extra.is_file() and extra.suffix != ".safetensors" and not extra.name.startswith("."):
-            if extra.name != "model.safetensors.index.json":
-                shutil.copy2(extra, out_dir / extra.name)
-    return out_dir
+    """The adapter_config.json of this LoRA (plain scaling: alpha / r, as Qwix's)."""
+    return peft_adapter.adapter_config(cfg.rank, cfg.alpha, cfg.target_modules, base_model)

@@ -9,7 +9,8 @@ backward is written out with the token axes flattened, so each weight gradient i
 matmul and nothing large is transposed. Same arithmetic, same values (tests/unit/test_lora_delta.py checks them
 against autodiff of Qwix's own function).
 
-`install()` puts `lora_delta` in place of Qwix's `_compute_lora_delta` (pinned Qwix, checked by signature) for
+`install()` puts `lora_delta` in place of Qwix's `_compute_lora_delta` (Qwix pinned in upstream_pins.py, and
+the function's signature checked) for
 the layout every Linear projection uses: the activations' last axis contracted into one output axis, no batch
 axes. Any other layout goes to Qwix's own function.
 """
@@ -23,6 +24,8 @@ from typing import Iterator, Sequence
 
 import jax
 from qwix._src.providers import lora as qwix_lora
+
+from upstream_pins import PINS, require_pinned
 
 _QWIX_DELTA = qwix_lora._compute_lora_delta
 _QWIX_PARAMS = ("lhs", "lora_a", "lora_b", "lhs_ca", "lhs_ba", "contract_shape", "batch_shape", "remain_shape",
@@ -66,15 +69,16 @@ def lora_delta(lhs: jax.Array, lora_a: jax.Array, lora_b: jax.Array, lhs_ca: Seq
 
 
 def install() -> None:
-    """Route Qwix's LoRA update through `lora_delta`; idempotent. A Qwix whose function changed is an error."""
+    """Route Qwix's LoRA update through `lora_delta`; idempotent. Another Qwix, or a changed function, is an error."""
+    require_pinned("qwix", "learner/lora_delta.py")
     current = qwix_lora._compute_lora_delta
     if current is lora_delta:
         return
     params = tuple(inspect.signature(current).parameters)
     if params != _QWIX_PARAMS:
         raise RuntimeError(f"qwix._src.providers.lora._compute_lora_delta takes {params}, not {_QWIX_PARAMS}: "
-                           "this Qwix is not the pinned one; pin it (requirements/learner.lock) or update "
-                           "learner/lora_delta.py")
+                           f"this Qwix is not the pinned one; pin it (qwix=={PINS['qwix']}, "
+                           "requirements/learner.lock) or update learner/lora_delta.py")
     qwix_lora._compute_lora_delta = lora_delta
 
 

@@ -8,7 +8,8 @@ Tunix 0.1.7's llama3 and qwen3 attention call `apply_rope` without `rope_theta`,
 theta = 1e6 whatever its config says (SmolLM2 uses 1e5: logits off by up to 4.7). We fix it on our side:
 `_RopeFixed` subclasses re-run Tunix's own `Attention.block` code with an `apply_rope` bound to the model's
 theta (same code object, different globals), and the loaded model's attention modules are switched to them.
-Nothing in site-packages is edited and no module-level global is patched.
+Nothing in site-packages is edited and no module-level global is patched. This, the Gemma 3 layer attributes and
+the LM head's class swap reach into Tunix's internals: each checks the pinned Tunix first (upstream_pins.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from upstream_pins import require_pinned
 
 # family name in config.json "model_type" -> our family key
 MODEL_TYPES = {"llama": "llama3", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3_text": "gemma3"}
@@ -153,6 +156,7 @@ def fix_gemma3_layers(model: nnx.Module, hf: dict[str, Any]) -> None:
     """Give each layer the attention type config.json says (Tunix cycles a fixed 5 local : 1 global pattern)."""
     from tunix.models.gemma3 import model as m
 
+    require_pinned("google-tunix", "learner/model.py fix_gemma3_layers")
     cfg = model.config
     for layer, kind in zip(model.layers, gemma3_layer_types(hf), strict=True):
         local = kind == "sliding_attention"
@@ -187,6 +191,7 @@ def fix_rope_theta(model: nnx.Module, family: str) -> None:
     """Make llama3/qwen3 attention use the configured rope_theta (Tunix 0.1.7 hard-codes 1e6)."""
     if family not in ("llama3", "qwen3"):
         return  # qwen2 passes rope_theta itself; gemma3 passes its local/global base frequencies
+    require_pinned("google-tunix", "learner/model.py fix_rope_theta")
     for layer in model.layers:
         layer.attn.__class__ = _rope_fixed_class(type(layer.attn))
 
@@ -237,6 +242,7 @@ def hidden_out(model: nnx.Module) -> Callable[[jax.Array], jax.Array]:
     traced function) and return the head as a function: hidden [..., D] -> fp32 logits [..., V], for callers
     that apply it only where they need logits. Tied families (gemma3, tied llama/qwen) decode with the input
     embedding, the others with `lm_head`."""
+    require_pinned("google-tunix", "learner/model.py hidden_out")
     head_module = getattr(model, "lm_head", None)
     if head_module is not None:
         w = head_module.w[...]  # [D, V]

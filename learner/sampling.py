@@ -12,7 +12,8 @@ The engine samples from processed logits, not from the model's softmax. vLLM's o
 4. temperature; 5. min-p; 6. top-k, then top-p; 7. log-softmax of what is left (`processed_logprobs`).
 Not modelled: logit_bias, bad_words, allowed_token_ids (the run config refuses them while IS is on).
 
-No JAX here: the driver builds this (orchestration/loop.py `to_train_batch`) and it travels in `TrainBatch`.
+No JAX here (the rule of which transforms need token history is rollout's `needs_history`, shared with the
+run config's check): the driver builds this (orchestration/loop.py `to_train_batch`) and it travels in `TrainBatch`.
 It is hashable and static under jit: a run compiles once per transform.
 """
 
@@ -22,6 +23,8 @@ import functools
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from rollout.capabilities import needs_history
 
 
 class SamplingTransform(NamedTuple):
@@ -52,7 +55,7 @@ class SamplingTransform(NamedTuple):
     @property
     def needs_history(self) -> bool:
         """Whether a position's transform depends on the tokens before it (penalties, min_tokens)."""
-        return self.penalises or self.masks_stop
+        return needs_history(self)
 
     @classmethod
     def of(cls, params: Any, eos_token_ids: tuple[int, ...] | list[int] = ()) -> SamplingTransform:

@@ -12,19 +12,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
 from tasks import DataConfig
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode
+from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode, needs_history
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from strict_config import Strict
 
 
 class ModelConfig(Strict):
@@ -195,14 +192,23 @@ def part_config(section: BaseModel, part: type[BaseModel]) -> Any:
 
 class RunConfig(Strict):
     model: ModelConfig = ModelConfig()
+    """The base model."""
     rollout: RolloutSection
+    """The inference engine that samples (rollout/config.py) and the Ray resources of its servers."""
     learner: LearnerSection = LearnerSection()
+    """The LoRA learner (learner/config.py) and the Ray resources of its processes."""
     rewards: RewardsConfig
+    """The weighted rewards (rewards/config.py)."""
     data: DataConfig = DataConfig()
+    """The task's prompts (tasks/config.py)."""
     train: TrainConfig = TrainConfig()
+    """The loop: steps, prompts per step, sync or async, checkpoints, seeds, the run directory."""
     logging: LoggingConfig = LoggingConfig()
+    """Where metrics go besides metrics.jsonl."""
     eval: EvalConfig = EvalConfig()
+    """Held-out evaluation during training."""
     ray: RayConfig = RayConfig()
+    """The Ray cluster to join or start."""
 
     @model_validator(mode="after")
     def check_group_size(self) -> "RunConfig":
@@ -260,16 +266,10 @@ class RunConfig(Strict):
             raise ValueError(f"rollout.sampling.extra sets {unmodelled}, which the learner does not model, so the "
                              "importance correction would compare different distributions; remove them or set "
                              "learner.grpo.is_cap: null")
-        history = (s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
-                   or s.min_tokens > 0)
-        if history and learner.logprob_chunk == 0:
+        if needs_history(s) and learner.logprob_chunk == 0:
             raise ValueError("rollout.sampling sets penalties or min_tokens, which learner.logprob_chunk: 0 (the "
                              "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")
         return self
-
-    @property
-    def group_size(self) -> int:
-        return self.rollout.sampling.n
 
 
 class ConfigError(ValueError):

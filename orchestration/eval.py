@@ -31,9 +31,8 @@ from orchestration.config import (
 )
 from tasks import Prompt
 from rollout.config import RolloutConfig
+from rollout.peft_adapter import ADAPTER_WEIGHTS, read_adapter
 from rollout.sampling import SamplingParams
-
-log = logging.getLogger("orchestration.eval")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,7 +81,7 @@ def resolve(args: argparse.Namespace) -> EvalJob:
     except ValidationError as err:
         raise ConfigError("eval sampling (--temperature/--max-tokens/--k): " + format_validation_error(err)) from None
     adapter_dir = None if is_config else args.target / "adapter"
-    if adapter_dir is not None and not (adapter_dir / "adapter_model.safetensors").exists():
+    if adapter_dir is not None and not (adapter_dir / ADAPTER_WEIGHTS).exists():
         raise ConfigError(f"{adapter_dir} has no adapter; finish the run first (--resume), "
                           "or pass a config for the base model only")
     seed = cfg.data.seed if args.seed is None else args.seed
@@ -92,12 +91,6 @@ def resolve(args: argparse.Namespace) -> EvalJob:
         raise ConfigError(f"--limit {args.limit}: {err}") from None
     out_dir = args.out or (Path("runs") / f"eval-{args.target.stem}" if is_config else args.target)
     return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed)
-
-
-def load_adapter(adapter_dir: Path) -> tuple[dict[str, np.ndarray], dict]:
-    from safetensors.numpy import load_file
-
-    return load_file(str(adapter_dir / "adapter_model.safetensors")), json.loads((adapter_dir / "adapter_config.json").read_text())
 
 
 def score_phases(job: EvalJob, progress: bool) -> dict:
@@ -122,7 +115,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
         with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:
             for phase in phases:
                 if phase == "trained":
-                    rollout.push_lora(1, *load_adapter(job.adapter_dir))
+                    rollout.push_lora(1, *read_adapter(job.adapter_dir))
                 with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
                           file=sys.stderr, dynamic_ncols=True) as bar:
                     scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update)

@@ -19,9 +19,8 @@ from pathlib import Path
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, error_report, load_config
 from orchestration.run_dir import local_copy
+from rollout.peft_adapter import ADAPTER_CONFIG
 from storage.uri import absolute
-
-log = logging.getLogger("orchestration.serve")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = local_copy(args.run_dir)  # a run on shared storage: its config and adapter, fetched
         cfg = load_config(run_dir / "config.yaml")
         adapter_dir = None if args.base_only else (run_dir / "adapter").resolve()
-        if adapter_dir is not None and not (adapter_dir / "adapter_config.json").exists():
-            raise ConfigError(f"{adapter_dir} has no adapter_config.json: the run has not finished; "
+        if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).exists():
+            raise ConfigError(f"{adapter_dir} has no {ADAPTER_CONFIG}: the run has not finished; "
                               f"`python -m orchestration.train --resume {args.run_dir}` completes it, or use --base-only")
         if args.api_key == "random":
             args.api_key = secrets.token_urlsafe(24)

@@ -19,17 +19,25 @@ from orchestration.config import ConfigError, RunConfig, dump_config, error_repo
 from orchestration.run_dir import RunDir, RunDirError
 from storage.uri import download, exists
 
-log = logging.getLogger("orchestration.train")
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m orchestration.train", description="GRPO training with LoRA.")
+    p = argparse.ArgumentParser(prog="python -m orchestration.train", description="GRPO training with LoRA.",
+                                epilog="Every config key with its type, default and meaning: --help-config.")
     p.add_argument("--config", type=Path, help="YAML config (see configs/); not needed with --resume")
+    p.add_argument("--help-config", action="store_true",
+                   help="print the config reference (every key, type, default and docstring) and exit")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run (a folder or gs://...) from its last checkpoint")
     p.add_argument("--run-dir", help="where to write this run: a folder, or gs://bucket/path that every host of a "
                                      "cluster reads (default: train.run_dir)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.optimizer.lr=1e-5")
     args = p.parse_args(argv)
+    if args.help_config:
+        from orchestration.config_reference import render
+
+        sys.stdout.write(render())
+        p.exit(0)
     if not args.config and not args.resume:
         p.error("give --config FILE (or --resume RUN_DIR)")
     return args

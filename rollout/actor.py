@@ -14,7 +14,6 @@ its health checks dial. The class is plain Python (testable without Ray); `setup
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import shutil
@@ -28,6 +27,7 @@ import numpy as np
 
 from rollout.backend import setup_backend
 from rollout.config import BackendConfig, RolloutConfig
+from rollout.peft_adapter import write_adapter
 from rollout.server_process import engine_address
 
 log = logging.getLogger(__name__)
@@ -38,18 +38,6 @@ ADAPTER_PREFIX = "policy-v"
 def adapter_name(version: int) -> str:
     """The served name of LoRA version k."""
     return f"{ADAPTER_PREFIX}{version}"
-
-
-def write_peft_adapter(out_dir: Path, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> Path:
-    """Write `adapter_model.safetensors` + `adapter_config.json` (PEFT layout) into a new folder."""
-    from safetensors.numpy import save_file
-
-    out_dir.mkdir(parents=True, exist_ok=False)
-    arrays = {name: np.ascontiguousarray(np.asarray(t)) for name, t in tensors.items()}
-    save_file(arrays, str(out_dir / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none", "lora_dropout": 0.0, **adapter_config}
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=1))
-    return out_dir
 
 
 class RolloutServer:
@@ -121,7 +109,7 @@ class RolloutServer:
         t0 = time.perf_counter()
         folder = self.workdir / "adapters" / adapter_name(version)
         shutil.rmtree(folder, ignore_errors=True)  # left by a push the server died during; this one replaces it
-        folder = write_peft_adapter(folder, tensors, adapter_config)
+        folder = write_adapter(folder, tensors, adapter_config)
         t1 = time.perf_counter()
         self.backend.load_lora(adapter_name(version), folder)
         t2 = time.perf_counter()

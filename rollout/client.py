@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from rollout.backend import RolloutBackend
+from rollout.backend import WireFormat
 from rollout.config import ClientConfig
 from rollout.sampling import Completion, SamplingParams
 
@@ -30,7 +30,7 @@ class ServerUnavailable(RuntimeError):
 class RolloutClient:
     """Async client of one server; `wire` is the backend whose payload/response format it speaks."""
 
-    def __init__(self, base_url: str, cfg: ClientConfig, wire: RolloutBackend):
+    def __init__(self, base_url: str, cfg: ClientConfig, wire: WireFormat):
         self.base_url = base_url.rstrip("/")
         self.cfg = cfg
         self.wire = wire

@@ -14,10 +14,10 @@ from typing import Annotated, ClassVar, Literal, Union
 from pydantic import Field, model_validator
 
 from rollout.capabilities import check_sampling
-from rollout.engine_config import EngineConfig, Strict
-from rollout.server_process import engine_interpreter
+from rollout.engine_config import EngineConfig, engine_interpreter
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.sampling import SamplingParams
+from strict_config import Strict
 
 
 def default_engine_python() -> Path:

@@ -11,23 +11,33 @@ import os
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from rollout.server_process import engine_interpreter
+from strict_config import Strict
 
 Platform = Literal["cpu", "gpu", "tpu"]
 ExtraArgs = dict[str, str | int | float | bool]
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+def engine_interpreter(env_var: str, env_name: str) -> Path:
+    """An engine env's interpreter: $<env_var>, else this clone's .venv-<env_name> (what its setup linked), else
+    $AHA_CACHE/envs/<env_name>/bin/python (the machine's last-built one; AHA_CACHE defaults to ~/.cache/aha)."""
+    if env := os.environ.get(env_var):
+        return Path(env)
+    clone = Path(__file__).resolve().parents[1] / f".venv-{env_name}" / "bin" / "python"
+    if clone.exists():
+        return clone
+    cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
+    return cache / "envs" / env_name / "bin" / "python"
 
 
 class StartupAdapter(Strict):
     """A LoRA adapter (PEFT folder) the server attaches before it answers, served under `name`."""
 
     name: str
+    """The model name requests use for it."""
     path: Path
+    """The PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
 
 
 class EngineConfig(Strict):

@@ -32,7 +32,8 @@ def on_sigterm(*_: object) -> None:
 
 
 def die_with_parent() -> None:
-    """Ask the kernel for SIGTERM when this process's parent dies."""
+    """Ask the kernel for SIGTERM when this process's parent dies (Ray kills actors with SIGKILL, so nothing of
+    ours runs then). Also called by the SGLang-JAX server (rollout/sglang_jax_entry.py), which needs no launcher."""
     ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 

@@ -270,11 +270,6 @@ class RolloutFleet:
         for future in concurrent.futures.as_completed(pending):
             future.result()  # a replica that cannot be rebuilt ends the run with its own error
 
-    def restart(self) -> str:
-        """Restart every replica's server (each re-loads its adapter); their base_urls, joined."""
-        return ",".join(r.rollout.restart() for r in self.replicas)
-
-
     # ---- events and metrics ----------------------------------------------------------------------------------
     def _record(self, event: str) -> None:
         log.warning("%s", event)

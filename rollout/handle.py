@@ -149,15 +149,6 @@ class Rollout:
         """Per-replica figures; one server has none beyond the step's own (`RolloutFleet.metrics` has them)."""
         return {}
 
-    def restart(self) -> str:
-        """Restart the server (the current adapter is re-loaded); return its base_url."""
-        import ray
-
-        self._require_client()
-        url = self._connect(ray.get(self.actor.restart.remote()))
-        self._record("rollout server restarted on request")
-        return url
-
     def stop(self) -> None:
         """Stop the server and the actor; idempotent."""
         import ray

@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from strict_config import Strict
 
 # Keys the client owns in a request; `extra` must not override them or responses stop matching what we parse.
 _CLIENT_KEYS = frozenset({"model", "prompt", "stream", "return_token_ids", "cache_salt", "echo"})
 
 
-class SamplingParams(BaseModel):
+class SamplingParams(Strict):
     """Every sampling knob of the engine, with our defaults; frozen and validated on construction."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     temperature: float = Field(1.0, ge=0.0)
     """Softmax temperature; 0 means greedy."""

@@ -2,7 +2,9 @@
 
 An engine server runs from its own env as a subprocess in its own session (so stop() can take the API server and
 its engine children down as one process group), logs to a file whose tail goes into every error, and is healthy
-when `GET /health` answers 200. Subclasses give the command line, the environment and the wire format.
+when `GET /health` answers 200. The completions dialect both engines speak (our HTTP contract: token ids in,
+token ids and sampled-token logprobs out) is written here too. Subclasses give the command line, their engine's
+environment variables, and where their dialect differs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any
 
 import httpx
 
+from rollout.capabilities import check_sampling
+from rollout.sampling import SamplingParams
+
 log = logging.getLogger(__name__)
 
 # A line that starts an error report in an engine log: a Python traceback, or a log record at level ERROR
@@ -33,19 +38,7 @@ WILDCARD = ("0.0.0.0", "::", "")
 DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
 
-def engine_interpreter(env_var: str, env_name: str) -> Path:
-    """An engine env's interpreter: $<env_var>, else this clone's .venv-<env_name> (what its setup linked), else
-    $AHA_CACHE/envs/<env_name>/bin/python (the machine's last-built one; AHA_CACHE defaults to ~/.cache/aha)."""
-    if env := os.environ.get(env_var):
-        return Path(env)
-    clone = Path(__file__).resolve().parents[1] / f".venv-{env_name}" / "bin" / "python"
-    if clone.exists():
-        return clone
-    cache = Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
-    return cache / "envs" / env_name / "bin" / "python"
-
-
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free on `host` right now."""
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -96,7 +89,8 @@ def group_alive(pgid: int) -> bool:
 
 
 class ServerProcess:
-    """Launch, watch, stop and control one engine server; subclasses define command() and environment()."""
+    """Launch, watch, stop and control one engine server, and speak its dialect; subclasses define command() and
+    their engine_env()."""
 
     engine_name = "engine"
     """Name used in logs and errors."""
@@ -104,6 +98,8 @@ class ServerProcess:
     """What to do when the engine's interpreter is missing."""
     control_timeout_s = 120.0
     """Timeout of control-plane calls (adapter load/unload)."""
+    missing_ids_hint = ""
+    """Added to the error for a response choice without token ids and logprobs (a likely cause)."""
 
     def __init__(self, cfg: Any, model_path: Path, workdir: Path | None = None):
         self.cfg = cfg
@@ -119,8 +115,22 @@ class ServerProcess:
     def command(self, port: int) -> list[str]:
         raise NotImplementedError
 
+    def engine_env(self, env: dict[str, str]) -> None:
+        """Add the engine's own variables to `env` (the server's environment, before rollout.backend.env)."""
+
     def environment(self) -> dict[str, str]:
-        raise NotImplementedError
+        """The server's environment: ours minus the driver's Python settings, the engine's own, then backend.env."""
+        env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
+        env.update({
+            "HF_HUB_OFFLINE": "1",
+            # Ray sets OMP_NUM_THREADS=1 in its workers, which would make a CPU engine single-threaded.
+            "OMP_NUM_THREADS": str(self.cfg.threads),
+            "PYTHONUNBUFFERED": "1",
+            **self.cfg.affinity_env(),  # the entry program pins itself to rollout.backend.cpu_cores
+        })
+        self.engine_env(env)
+        env.update(self.cfg.env)
+        return env
 
     def start(self) -> str:
         """Launch the server and block until /health answers; return base_url. Raises with the log tail."""
@@ -223,3 +233,26 @@ class ServerProcess:
             raise RuntimeError(f"{route} failed ({e!r}); server log:\n{self.log_tail()}") from e
         if resp.status_code != 200:
             raise RuntimeError(f"{route} {body} -> {resp.status_code}: {resp.text.strip()[:500]}")
+
+    # ---- wire format ---------------------------------------------------------------------------------------
+
+    def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
+        """/v1/completions body: the prompt as token ids and every sampling field (n samples). Raises for a field
+        this platform's engine would silently ignore or reject (rollout/capabilities.py)."""
+        check_sampling(self.cfg, params)
+        payload = params.to_payload()
+        payload.update(model=lora_name or self.cfg.served_model_name, prompt=list(prompt), stream=False)
+        return payload
+
+    def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
+        """Ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs and stop_reason as extra."""
+        token_ids = choice.get("token_ids")
+        lp = choice.get("logprobs") or {}
+        logprobs = lp.get("token_logprobs")
+        if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
+            raise RuntimeError(f"{self.engine_name} response lacks matching token_ids and logprobs"
+                               f"{self.missing_ids_hint}: {str(choice)[:300]}")
+        extra = {"stop_reason": choice.get("stop_reason")}
+        if any(lp.get("top_logprobs") or []):
+            extra["top_logprobs"] = lp["top_logprobs"]
+        return list(token_ids), [float(x) for x in logprobs], extra

@@ -12,8 +12,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from rollout.engine_config import EngineConfig
-from rollout.server_process import engine_interpreter
+from rollout.engine_config import EngineConfig, engine_interpreter
 
 
 def default_sglang_python() -> Path:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.sglang_jax_engine.app import build_app, build_engine, die_with_parent, kv_cache_tokens  # noqa: E402
+from rollout.engine_launcher import die_with_parent  # noqa: E402
+from rollout.sglang_jax_engine.app import build_app, build_engine, kv_cache_tokens  # noqa: E402
 from rollout.sglang_jax_engine.patches import compat_model_dir  # noqa: E402
 
-log = logging.getLogger("sglang_jax_entry")
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

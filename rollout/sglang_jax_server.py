@@ -14,17 +14,10 @@ vLLM's API that `rollout.client` speaks. Differences from vLLM that callers can 
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
-from typing import Any
 
-from rollout.capabilities import check_sampling
-from rollout.server_process import DROP_ENV, ServerProcess
+from rollout.server_process import ServerProcess
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.sampling import SamplingParams
-
-log = logging.getLogger(__name__)
 
 ENTRY = Path(__file__).with_name("sglang_jax_entry.py")
 
@@ -66,21 +59,10 @@ class SglangJaxBackend(ServerProcess):
             cmd += ["--api-key", c.api_key]
         return cmd
 
-    def environment(self) -> dict[str, str]:
-        """The server's environment: ours minus the driver's Python settings, plus the engine's."""
-        env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
-        threads = str(self.cfg.threads)
-        env.update({
-            "HF_HUB_OFFLINE": "1",
-            # Ray sets OMP_NUM_THREADS=1 in its workers, which would make the CPU engine single-threaded.
-            "OMP_NUM_THREADS": threads,
-            "PYTHONUNBUFFERED": "1",
-            **self.cfg.affinity_env(),
-        })
+    def engine_env(self, env: dict[str, str]) -> None:
+        """JAX on the configured CPU platform (the driver's JAX_PLATFORMS is dropped with its other settings)."""
         if self.cfg.platform == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
-        env.update(self.cfg.env)
-        return env
 
     def load_lora(self, name: str, path: Path) -> None:
         """Merge the PEFT adapter in `path` into the live weights; later requests name it `name`."""
@@ -89,25 +71,4 @@ class SglangJaxBackend(ServerProcess):
     def unload_lora(self, name: str) -> None:
         """Back to the base weights if `name` is live; a no-op for a name a newer version already replaced."""
         self._control("/v1/unload_lora_adapter", {"lora_name": name})
-
-    # ---- wire format ---------------------------------------------------------------------------------------
-
-    def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
-        """/v1/completions body of the wrapper; raises for sampling fields the engine would not honour."""
-        check_sampling(self.cfg, params)
-        payload = params.to_payload()
-        payload.update(model=lora_name or self.cfg.served_model_name, prompt=list(prompt), stream=False)
-        return payload
-
-    def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
-        """Token ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs, stop_reason as extra."""
-        token_ids = choice.get("token_ids")
-        lp = choice.get("logprobs") or {}
-        logprobs = lp.get("token_logprobs")
-        if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
-            raise RuntimeError(f"SGLang-JAX response lacks matching token_ids/logprobs: {str(choice)[:300]}")
-        extra = {"stop_reason": choice.get("stop_reason")}
-        if any(lp.get("top_logprobs") or []):
-            extra["top_logprobs"] = lp["top_logprobs"]
-        return list(token_ids), [float(x) for x in logprobs], extra
 

@@ -18,18 +18,14 @@ Standalone use (e.g. `orchestration/serve.py`, a server with an adapter under a 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from rollout.capabilities import check_sampling
 from rollout.config import VllmConfig
 from rollout.engine_config import cli_flags
-from rollout.server_process import DROP_ENV, ServerProcess
+from rollout.server_process import ServerProcess
 from rollout.sampling import SamplingParams
-
-log = logging.getLogger(__name__)
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -49,6 +45,7 @@ class VllmBackend(ServerProcess):
 
     engine_name = "vLLM"
     setup_hint = "set rollout.backend.python or $AHA_VLLM_PYTHON, or run `bash scripts/setup_envs.sh`"
+    missing_ids_hint = "; the server may be too old for return_token_ids (need vLLM >= 0.10.2)"
     cfg: VllmConfig
 
     # ---- control plane -------------------------------------------------------------------------------------
@@ -82,20 +79,13 @@ class VllmBackend(ServerProcess):
             cmd += ["--api-key", c.api_key]
         return cmd + cli_flags(c.extra_args)
 
-    def environment(self) -> dict[str, str]:
-        """The server's environment: ours minus the driver's Python settings, plus the engine's."""
-        env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
-        threads = str(self.cfg.threads)
+    def engine_env(self, env: dict[str, str]) -> None:
+        """Runtime LoRA loading, no usage stats, the launcher's parent check; on CPU the KV cache and tcmalloc."""
         env.update({
-            "HF_HUB_OFFLINE": "1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            # Ray sets OMP_NUM_THREADS=1 in its workers, which would make a CPU engine single-threaded.
-            "OMP_NUM_THREADS": threads,
             "VLLM_NO_USAGE_STATS": "1",
-            "PYTHONUNBUFFERED": "1",
             "AHA_LAUNCHER_PARENT": str(os.getpid()),
             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(self.cfg.execute_model_timeout_s),
-            **self.cfg.affinity_env(),
         })
         if self.cfg.cpu_cores:  # vLLM binds its OpenMP threads itself ("auto": to every core); bind them to ours
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cfg.cpu_cores))
@@ -105,8 +95,6 @@ class VllmBackend(ServerProcess):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
             if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
-        env.update(self.cfg.env)
-        return env
 
     @property
     def patches_lora(self) -> bool:
@@ -125,30 +113,12 @@ class VllmBackend(ServerProcess):
     # ---- wire format ---------------------------------------------------------------------------------------
 
     def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:
-        """/v1/completions body: prompt as token ids, every sampling field, ids and sampled-token logprobs back.
-
-        Raises for a sampling field this platform's engine would silently ignore or reject (rollout/capabilities.py).
-        """
-        check_sampling(self.cfg, params)
-        payload = params.to_payload()
-        payload.update(model=lora_name or self.cfg.served_model_name, prompt=list(prompt), stream=False,
-                       return_token_ids=True)
+        """The common body, asking for the token ids back, with the adapter's own prefix-cache namespace."""
+        payload = super().build_payload(prompt, params, lora_name)
+        payload["return_token_ids"] = True
         # Each adapter version gets its own prefix-cache namespace: a cached prompt state computed with version k
         # must never be reused for version k+1.
         if lora_name is not None:
             payload["cache_salt"] = lora_name
         return payload
-
-    def parse_choice(self, choice: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
-        """Ids from `token_ids`, logprobs from `logprobs.token_logprobs`; top logprobs and stop_reason as extra."""
-        token_ids = choice.get("token_ids")
-        lp = choice.get("logprobs") or {}
-        logprobs = lp.get("token_logprobs")
-        if token_ids is None or logprobs is None:
-            raise RuntimeError("vLLM response lacks token_ids or logprobs; the server is too old for "
-                               f"return_token_ids (need vLLM >= 0.10.2): {str(choice)[:300]}")
-        extra = {"stop_reason": choice.get("stop_reason")}
-        if any(lp.get("top_logprobs") or []):
-            extra["top_logprobs"] = lp["top_logprobs"]
-        return list(token_ids), [float(x) for x in logprobs], extra
 

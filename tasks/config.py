@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from strict_config import Strict
 
 
-class DataConfig(BaseModel):
+class DataConfig(Strict):
     """Which task the prompts come from, how they are rendered and how many there are."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     task: Literal["countdown", "math", "gsm8k"] = "countdown"
     """countdown: generated puzzles; math: generated word problems; gsm8k: a local GSM8K JSONL file."""

@@ -1,45 +1,21 @@
-"""A PEFT LoRA adapter merged into the running engine's weights (W = W0 + alpha/r * B @ A, always from W0)."""
+"""A PEFT LoRA adapter merged into the running engine's weights (W = W0 + alpha/r * B @ A, always from W0; the
+math is rollout/peft_adapter.py's `merged_deltas`)."""
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("sglang_jax_entry")
-
-def peft_target(name: str) -> tuple[str, str]:
-    """(HF weight name, "A" or "B") of a PEFT tensor name (base_model.model.model.layers.0.mlp.up_proj.lora_A...)."""
-    stem = name.removeprefix("base_model.model.")
-    for part in ("A", "B"):
-        suffix = f".lora_{part}.weight"
-        if stem.endswith(suffix):
-            return stem[: -len(suffix)] + ".weight", part
-    raise ValueError(f"{name} is not a PEFT LoRA tensor (expected ...lora_A.weight / ...lora_B.weight)")
-
-
-def merged_deltas(tensors: dict[str, Any], adapter_config: dict[str, Any]) -> dict[str, Any]:
-    """{HF weight name: scale * B @ A} (HF layout [out, in], float32) of a PEFT adapter."""
-    import numpy as np
-
-    rank = int(adapter_config["r"])
-    alpha = float(adapter_config.get("lora_alpha", rank))
-    scale = alpha / (rank ** 0.5 if adapter_config.get("use_rslora") else rank)
-    pairs: dict[str, dict[str, Any]] = {}
-    for name, tensor in tensors.items():
-        target, part = peft_target(name)
-        pairs.setdefault(target, {})[part] = np.asarray(tensor, dtype=np.float32)
-    if missing := sorted(t for t, ab in pairs.items() if set(ab) != {"A", "B"}):
-        raise ValueError(f"adapter lacks lora_A or lora_B for {missing[:3]}")
-    return {target: scale * (ab["B"] @ ab["A"]) for target, ab in pairs.items()}
+from rollout.peft_adapter import merged_deltas, read_adapter
+from upstream_pins import require_pinned
 
 
 class MergedLora:
     """Swaps base + LoRA weights into the engine's jitted forward (same shapes and shardings: no recompile)."""
 
     def __init__(self, engine, model_dir: Path):
+        require_pinned("sglang-jax", "rollout/sglang_jax_engine/lora_merge.py")  # reaches into its model runner
         self.runner = engine.scheduler_info["scheduler"].tp_worker.worker.model_runner
         self.model_dir = model_dir
         self.model = self.runner.model
@@ -70,11 +46,8 @@ class MergedLora:
 
     def load(self, adapter_dir: Path) -> float:
         """Make base + this adapter live (replacing any previous adapter); return the seconds it took."""
-        from safetensors.numpy import load_file
-
         t0 = time.perf_counter()
-        config = json.loads((adapter_dir / "adapter_config.json").read_text())
-        deltas = merged_deltas(load_file(str(adapter_dir / "adapter_model.safetensors")), config)
+        deltas = merged_deltas(*read_adapter(adapter_dir))
         if unknown := sorted(set(deltas) - set(self.mappings)):
             raise ValueError(f"adapter targets weights the engine does not have: {unknown[:3]}")
         values = {name: self._base_weight(name) + delta for name, delta in deltas.items()}

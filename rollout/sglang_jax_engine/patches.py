@@ -1,12 +1,13 @@
-"""Start-up fixes the pinned sglang-jax (0.0.2) needs on CPU; each names its upstream cause and checks the version."""
+"""Start-up fixes the pinned sglang-jax (0.0.2) needs on CPU; each names its upstream cause. Another sglang-jax is
+refused with one line (upstream_pins.py); docs/patches.md lists them with what would retire each."""
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
-log = logging.getLogger("sglang_jax_entry")
+from upstream_pins import require_pinned
+
 
 def compat_model_dir(model: Path, out: Path) -> Path:
     """A folder view of `model` that transformers 4.55 (pinned by sglang-jax 0.0.2) reads as it was written.
@@ -42,11 +43,8 @@ def compat_model_dir(model: Path, out: Path) -> Path:
 
 def apply_cpu_patches() -> list[str]:
     """Small fixes sglang-jax 0.0.2 needs on the JAX CPU backend; returns the names of those applied."""
-    from importlib.metadata import version
-
+    require_pinned("sglang-jax", "rollout/sglang_jax_engine/patches.py")  # written against 0.0.2 only
     applied: list[str] = []
-    if version("sglang-jax") != "0.0.2":  # written against 0.0.2 only; a newer release must be re-checked
-        return applied
     _import_native_attention_once()
     applied.append("native-attention-pytree")
     _load_weights_unpadded_off_tpu()
@@ -206,6 +204,8 @@ def _import_native_attention_once() -> None:
     # decorated with `jax.tree_util.register_pytree_node_class`, so importing it raises "Duplicate custom PyTreeDef
     # type registration" (the TPU path never imports it). Import it once with a decorator that keeps the first
     # registration; nnx's flattening of a module holding only ints is equivalent. Scoped to this one import.
+    import importlib
+
     import jax.tree_util as tree_util
 
     original = tree_util.register_pytree_node_class
@@ -220,6 +220,6 @@ def _import_native_attention_once() -> None:
 
     tree_util.register_pytree_node_class = register_once
     try:
-        import sgl_jax.srt.layers.attention.native_backend  # noqa: F401
+        importlib.import_module("sgl_jax.srt.layers.attention.native_backend")
     finally:
         tree_util.register_pytree_node_class = original

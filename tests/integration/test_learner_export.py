@@ -1,23 +1,41 @@
-"""export_lora / export_merged against peft and transformers: the adapter the rollout server loads must be the
-policy the learner trains, for every family (gemma3's fused kv_einsum exports as k_proj + v_proj). LoRA weights
-are randomised first (B = 0 at init would make any export pass)."""
+"""export_lora against peft and transformers: the adapter the rollout server loads must be the policy the learner
+trains, for every family (gemma3's fused kv_einsum exports as k_proj + v_proj); and the adapter merged into the
+base weights by the engines' merge math (rollout/peft_adapter.py, what SGLang-JAX serves) must be the same model.
+LoRA weights are randomised first (B = 0 at init would make any export pass)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from orchestration.tiny_models import TINY_FAMILIES
+from rollout.peft_adapter import merged_deltas, read_adapter
 from test_learner_model import prompt_tokens, reference_logits
 
 pytestmark = pytest.mark.integration
+
+
+def merged_model(base_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
+    """An HF folder with the adapter folded into the base weights by `merged_deltas` (W0 + scale * B @ A)."""
+    weights = {}
+    for file in sorted(base_dir.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    for name, delta in merged_deltas(*read_adapter(adapter_dir)).items():
+        weights[name] = (weights[name].astype(np.float32) + delta).astype(weights[name].dtype)
+    out_dir.mkdir()
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    for extra in base_dir.iterdir():  # config, tokenizer, generation config
+        if extra.is_file() and extra.suffix != ".safetensors" and extra.name != "model.safetensors.index.json":
+            shutil.copy2(extra, out_dir / extra.name)
+    return out_dir
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
@@ -28,7 +46,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     learner.params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), learner.params)
 
     adapter = Path(learner.export_lora(tmp_path / "adapter"))
-    merged = Path(learner.export_merged(tmp_path / "merged"))
+    merged = merged_model(model_dir, adapter, tmp_path / "merged")
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and len(config["target_modules"]) == 7
     tensors = load_file(str(adapter / "adapter_model.safetensors"))

@@ -14,7 +14,7 @@ import pytest
 
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.fleet import RolloutFleet
-from rollout.peft_layout import random_peft_adapter
+from rollout.peft_adapter import random_peft_adapter
 from rollout.sampling import SamplingParams
 
 pytestmark = pytest.mark.integration

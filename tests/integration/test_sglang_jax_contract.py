@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollout.actor import write_peft_adapter
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, VllmConfig
-from rollout.peft_layout import random_peft_adapter
+from rollout.peft_adapter import random_peft_adapter, write_adapter
 from rollout.sglang_jax_config import SglangJaxConfig, default_sglang_python
 from rollout.sglang_jax_server import SglangJaxBackend
 from rollout.sampling import Completion, SamplingParams
@@ -37,7 +36,7 @@ RANK = 8
 PROMPT = [1, 7093, 32549, 26011, 36518, 20194, 24304, 38832, 29206]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 def make_adapter(model_dir: Path, seed: int, zero_b: bool = False, scale: float = 0.5):
-    """PEFT LoRA tensors + config for every projection of the checkpoint (rollout.peft_layout)."""
+    """PEFT LoRA tensors + config for every projection of the checkpoint (rollout.peft_adapter)."""
     return random_peft_adapter(model_dir, RANK, seed, scale=scale, zero_b=zero_b)
 
 
@@ -141,7 +140,7 @@ def test_unsupported_parameters_fail_before_sending(server):
 def push(server, tmp_path: Path, version: int, seed: int, zero_b: bool = False) -> tuple[str, Path]:
     backend, _ = server
     name = f"policy-v{version}"
-    folder = write_peft_adapter(tmp_path / name, *make_adapter(Path(backend.model_path), seed, zero_b=zero_b))
+    folder = write_adapter(tmp_path / name, *make_adapter(Path(backend.model_path), seed, zero_b=zero_b))
     backend.load_lora(name, folder)
     return name, folder
 

@@ -1,5 +1,5 @@
 """SGLang-JAX backend pieces that need no server: config, request validation and translation, response parsing,
-the LoRA merge arithmetic and the model-folder view for transformers 4.55. Fast; runs without the SGLang-JAX env.
+and the model-folder view for transformers 4.55. Fast; runs without the SGLang-JAX env.
 
 The engine modules (`rollout/sglang_jax_engine/`) import only the standard library at module level, so their pure
 functions are tested here from the learner env.
@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from rollout.capabilities import check_sampling
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.sglang_jax_engine import lora_merge, patches, wire
+from rollout.sglang_jax_engine import patches, wire
 from rollout.sglang_jax_server import SglangJaxBackend
 from rollout.sampling import SamplingParams
 
@@ -95,22 +94,6 @@ def test_choice_round_trips_through_parse_choice():
     assert extra["top_logprobs"] == [{"7": -0.1, "9": -2.5}, {"8": -0.3, "7": -1.5}]
     length = wire.choice(1, engine_output([1], [-0.5], {"type": "length", "length": 1}), top_n=0)
     assert length["finish_reason"] == "length" and length["logprobs"]["top_logprobs"] is None
-
-
-def test_merged_deltas_scale_and_names():
-    rng = np.random.default_rng(0)
-    a, b = rng.normal(size=(4, 16)).astype(np.float32), rng.normal(size=(8, 4)).astype(np.float32)
-    name = "base_model.model.model.layers.1.self_attn.q_proj"
-    deltas = lora_merge.merged_deltas({f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
-                                 {"r": 4, "lora_alpha": 8})
-    np.testing.assert_allclose(deltas["model.layers.1.self_attn.q_proj.weight"], 2.0 * b @ a, rtol=1e-6)
-    rs = lora_merge.merged_deltas({f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
-                             {"r": 4, "lora_alpha": 8, "use_rslora": True})
-    np.testing.assert_allclose(rs["model.layers.1.self_attn.q_proj.weight"], 4.0 * b @ a, rtol=1e-6)
-    with pytest.raises(ValueError, match="lacks lora_A or lora_B"):
-        lora_merge.merged_deltas({f"{name}.lora_A.weight": a}, {"r": 4})
-    with pytest.raises(ValueError, match="not a PEFT LoRA tensor"):
-        lora_merge.peft_target("model.layers.0.mlp.up_proj.weight")
 
 
 def test_model_view_for_old_transformers(tiny_model_dir, tmp_path):

@@ -27,6 +27,7 @@ from conftest import MARK, marked_processes
 from orchestration.config import load_config
 from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
+from rollout.server_process import free_port
 from tasks.render import PromptRenderer
 
 pytestmark = pytest.mark.integration
@@ -288,14 +289,6 @@ def serve_and_ask(run_dir: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, f"serve exited {proc.returncode} on SIGTERM:\n{rest[-3000:]}"
     assert rest.strip().splitlines()[-1].startswith("serve: stopped (interrupted by SIGTERM)"), rest[-3000:]
     assert marked_processes(marker) == [], "serve left its engine running after SIGTERM"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from learner.sampling import SamplingTransform
 from orchestration.config import ConfigError, load_config
 from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
 from rollout.config import VllmConfig
+from rollout.engine_config import EngineConfig
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
@@ -72,8 +74,13 @@ def test_the_same_overrides_load_on_cpu_where_vllm_honours_them():
 @pytest.mark.parametrize("override", ["rollout.sampling.repetition_penalty=1.1", "rollout.sampling.min_tokens=4"])
 def test_penalties_in_processed_logprobs_load_because_the_learner_models_them(override):
     # vLLM takes its processed logprobs after penalties and min_tokens; the chunked learner reproduces both
-    # (learner/sampling.py), so the importance correction stays on. The dense reference does not: refused there.
-    assert load_config(DEMO, [override]).learner.grpo.is_cap is not None
+    # (learner/sampling.py), so the config loads with the importance correction on and the learner's transform
+    # carries the value. The dense reference does not model them: refused there.
+    cfg = load_config(DEMO, [override])
+    field, value = override.removeprefix("rollout.sampling.").split("=")
+    transform = SamplingTransform.of(cfg.rollout.sampling, eos_token_ids=(2,))
+    assert cfg.learner.grpo.is_cap is not None and transform.needs_history
+    assert getattr(transform, field) == type(getattr(transform, field))(value), f"the learner drops {field}"
     line = refusal(DEMO, [override, "learner.logprob_chunk=0"])
     assert "learner.logprob_chunk" in line
 
@@ -103,8 +110,8 @@ def test_backends_refuse_the_request_too():
 
 def test_swapping_engines_keeps_the_shared_fields():
     vllm = VllmConfig(platform="gpu", max_model_len=512, extra_args={"a": 1}, tensor_parallel_size=2)
-    shared = vllm.model_dump(exclude={"kind", "kv_cache_space_gb", "gpu_memory_utilization", "enable_lora",
-                                      "max_loras", "max_cpu_loras", "logprobs_mode", "startup_timeout_s"})
+    # Every field EngineConfig declares means the same on both engines (startup_timeout_s: their defaults differ).
+    shared = vllm.model_dump(include=set(EngineConfig.model_fields) - {"startup_timeout_s"})
     sglang = SglangJaxConfig(**shared)
     assert sglang.platform == "gpu" and sglang.extra_args == {"a": 1} and sglang.tensor_parallel_size == 2
 

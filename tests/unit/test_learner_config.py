@@ -31,12 +31,6 @@ SMOLLM2 = {"model_type": "llama", "num_hidden_layers": 30, "vocab_size": 49152, 
            "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
 
 
-def test_defaults_are_the_cpu_demo():
-    cfg = LearnerConfig()
-    assert cfg.param_dtype == "float32" and cfg.lora.rank == 16 and cfg.lora.alpha == 32
-    assert len(cfg.lora.target_modules) == 7 and cfg.grpo.kl_beta == 0.0
-
-
 @pytest.mark.parametrize("bad,where", [
     ({"optimizer": {"lr": -1}}, "lr"),
     ({"grpo": {"loss_agg": "sum"}}, "loss_agg"),
