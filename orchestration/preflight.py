@@ -46,12 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_config_path(cfg: RunConfig, given: Path | None) -> Path:
     """The model's config.json: given, in model.path, or shipped under configs/models/<name>/."""
-    candidates = [given] if given else [cfg.model.resolved_path / "config.json",
-                                         REPO / "configs" / "models" / Path(cfg.model.path).name / "config.json"]
-    for path in candidates:
-        if path.exists():
-            return path
-    raise ConfigError(f"no config.json for model.path {cfg.model.path}: looked in {', '.join(map(str, candidates))}; "
+    path = given if given else cfg.model.config_json
+    if path is not None and path.exists():
+        return path
+    looked = given or f"{cfg.model.resolved_path} and {REPO / 'configs' / 'models' / Path(cfg.model.path).name}"
+    raise ConfigError(f"no config.json for model.path {cfg.model.path}: looked in {looked}; "
                       "pass --model-config or add configs/models/<name>/config.json")
 
 
