@@ -65,7 +65,8 @@ def _tpu_slice_group(topology: Topology, hosts: int, bundle: dict[str, float]):
 
     try:
         return subslice_placement_group(topology.shape, topology.ray_version, chips_per_vm=int(bundle["TPU"]),
-                                        resources_per_bundle=bundle, strategy="STRICT_SPREAD", name="aha-learner")
+                                        resources_per_bundle=bundle, strategy="STRICT_SPREAD",
+                                        name="aha-learner").placement_group
     except ValueError as err:
         if "slice_placement_group" not in str(err):  # Ray's hint when the topology is a whole slice, not a part
             raise RuntimeError(_no_slice(topology, hosts, err)) from None
