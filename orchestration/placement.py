@@ -30,7 +30,8 @@ SLICE_TOPOLOGY = "ray.io/tpu-topology"
 
 
 def _bundle(r) -> dict[str, float]:
-    return {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {})}
+    return {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {}),
+            **r.custom}
 
 
 def _ready(pg, needs: str, fix: str):
