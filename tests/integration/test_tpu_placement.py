@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def tpu_cluster():
     # the address Ray picks for this machine, as `ray.init(address="local")` does (Ray resolves a loopback
     # bootstrap address to it, so a driver could not join a GCS bound to 127.0.0.1).
     write_address, ray_utils.write_ray_address = ray_utils.write_ray_address, lambda *a, **k: None
-    common = {"temp_dir": tempfile.mkdtemp(prefix="aha-tpu-", dir="/tmp")}
+    temp_dir = tempfile.mkdtemp(prefix="aha-tpu-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    common = {"temp_dir": temp_dir}
     cluster = Cluster(initialize_head=True, head_node_args={
         **common, "num_cpus": 8, "include_dashboard": False, "resources": {"TPU": 8, "TPU-v5litepod-8-head": 1},
         "labels": tpu_labels(VM, 0, "2x4", "v5litepod-8")})
@@ -74,6 +76,7 @@ def tpu_cluster():
         ray.shutdown()
         cluster.shutdown()
         ray_utils.write_ray_address = write_address
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @ray.remote
