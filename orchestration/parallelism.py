@@ -67,8 +67,9 @@ def check_learner_chips(topology: str, hosts: int, chips: float) -> None:
         raise ValueError(f"learner.topology {topology} has {parsed.chips} chips but learner.hosts ({hosts}) x "
                          f"learner.resources.tpu ({chips:g}) = {hosts * chips:g}; make them equal")
     if hosts > 1 and chips != CHIPS_PER_HOST_MULTIHOST:
-        raise ValueError(f"learner.hosts={hosts} spans hosts of a multi-host slice, which hold "
-                         f"{CHIPS_PER_HOST_MULTIHOST} chips each; set learner.resources.tpu: {CHIPS_PER_HOST_MULTIHOST}")
+        per_host = CHIPS_PER_HOST_MULTIHOST
+        raise ValueError(f"learner.hosts={hosts} spans hosts of a multi-host slice, which hold {per_host} chips each; "
+                         f"set learner.resources.tpu: {per_host}")
     if hosts > 1:
         parsed.host_grid()  # raises when the topology does not split into whole hosts
 

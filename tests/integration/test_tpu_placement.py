@@ -1,7 +1,7 @@
 """Placement and each TPU process's environment, on a private Ray cluster whose nodes look like TPU hosts.
 
-One module-scoped cluster of raylets on this machine (Ray's own `ray.cluster_utils.Cluster`): a v5e-8 VM (8 `TPU`, 8 CPUs;
-the head) and a 4-host v5e-16 slice (4 `TPU` and 2 CPUs each), with the node labels and head resource Ray's TPU code
+One module-scoped cluster of raylets on this machine (Ray's own `ray.cluster_utils.Cluster`): a v5e-8 VM (8 `TPU`,
+8 CPUs; the head) and a 4-host v5e-16 slice (4 `TPU` and 2 CPUs each), with the node labels and head resource Ray's TPU code
 reads on a real slice (ray/_private/accelerators/tpu.py:1024-1059 `get_current_node_accelerator_labels`,
 982-1022 `get_current_node_additional_resources`). The probes are plain actors started with exactly the Ray options
 and environment the driver computes (orchestration/cluster.py, placement.py); each reports what its process (and an
