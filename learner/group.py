@@ -11,11 +11,10 @@ waits for all members: if one of them dies, the others would block in their next
 kills the whole group at once and fails with one line saying so; the run then stops and `--resume` continues from
 the last checkpoint (a multi-controller JAX program cannot go on without a member, nor re-admit one).
 
-Placement: on TPU one bundle per learner host (`TPU` chips + CPUs) in a STRICT_SPREAD placement group, i.e. one
-process per host, reserved by the driver (orchestration/placement.py) and passed in. `ray.util.tpu.SlicePlacementGroup`
-would reserve a whole slice, but the learner usually shares its slice with the engine replicas (some hosts each), so
-only the learner's own hosts are reserved. On CPU the actors
-are local processes; each one's fake devices come from XLA_FLAGS in `runtime_env`.
+Placement: on TPU one bundle per learner host (`TPU` chips + CPUs) of a sub-slice, i.e. one process per host of
+ICI neighbours, reserved by the driver (orchestration/placement.py) and passed in, with each process's environment
+(its libtpu variables: the sub-slice's process grid, every member's address, its task id; orchestration/tpu_env.py).
+On CPU the actors are local processes; each one's fake devices come from XLA_FLAGS in `runtime_env`.
 """
 
 from __future__ import annotations
@@ -114,21 +113,33 @@ class LearnerGroup:
             self._pg = None
 
 
+def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Ray options whose runtime_env also sets `env` (over the env_vars already there)."""
+    if not env:
+        return options
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    return {**options, "runtime_env": runtime_env}
+
+
 def start_learner(cfg: LearnerConfig, model_path: Path, checkpoint_dir: str | None = None,
-                  actor_options: dict[str, Any] | None = None, placement: Any = None):
+                  actor_options: dict[str, Any] | None = None, placement: Any = None,
+                  process_env: list[dict[str, str]] | None = None):
     """The learner as the driver sees it: one LearnerActor (hosts=1) or a LearnerGroup of `cfg.hosts` processes.
 
     `actor_options`: each process's Ray options (resources, runtime_env), from the driver. `placement`: a ready
-    placement group with one bundle per host (the driver reserves it), or None (local processes).
+    placement group with one bundle per host (the driver reserves it), or None (local processes). `process_env`:
+    process i's own environment variables (set before it imports JAX), or None.
 
     Returns at once; the processes connect and load the model in the background (calls queue behind that).
     """
+    envs = process_env or [{} for _ in range(cfg.hosts)]
     if cfg.hosts == 1:
-        return start_learner_actor(cfg, model_path, checkpoint_dir, actor_options)
+        return start_learner_actor(cfg, model_path, checkpoint_dir, with_env(actor_options or {}, envs[0]))
     pg = placement
     actors = []
     for i in range(cfg.hosts):
-        options = dict(actor_options or {})
+        options = with_env(dict(actor_options or {}), envs[i])
         if pg is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
         actors.append(start_learner_actor(cfg, model_path, checkpoint_dir, options, num_processes=cfg.hosts))

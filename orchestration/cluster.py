@@ -1,7 +1,8 @@
 """Join or start Ray, and start the run's two actors: the rollout server and the learner.
 
 On a TPU VM each actor asks for its own chips through Ray's `TPU` resource (from its sub-config), so the learner
-and the engine never share a device; here on CPU they are two processes with logical CPUs.
+and the engine never share a device, and starts with the libtpu variables of its share (orchestration/tpu_env.py):
+its own port and bounds, so runtimes that share a host coexist. Here on CPU they are two processes with logical CPUs.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import ray
 
 from learner.config import LearnerConfig
 from orchestration.config import RayConfig, RunConfig, part_config
-from orchestration.placement import reserve_hosts
+from orchestration.placement import bundle_hosts, reserve_engines, reserve_learner
 from orchestration.prepare_model import cache_dir
 from orchestration.resources import check_cluster_fits
+from orchestration.tpu_env import engine_envs, learner_envs
 from rollout.config import RolloutConfig
 from rollout.server_process import LOOPBACK
 
@@ -31,11 +33,24 @@ def compile_cache_dir() -> Path:
 
 
 def learner_runtime_env(cfg: RunConfig) -> dict | None:
-    """The learner processes' runtime_env: JAX's own cache variables when learner.compile_cache is on."""
-    if not cfg.learner.compile_cache:
-        return None
-    return {"env_vars": {"JAX_COMPILATION_CACHE_DIR": str(compile_cache_dir()),
-                         "JAX_COMPILATION_CACHE_MAX_SIZE": str(COMPILE_CACHE_BYTES)}}
+    """The learner processes' runtime_env: JAX's own cache variables when learner.compile_cache is on, and
+    learner.env (each process's TPU variables go in between, `learner_process_env`)."""
+    env = {"JAX_COMPILATION_CACHE_DIR": str(compile_cache_dir()),
+           "JAX_COMPILATION_CACHE_MAX_SIZE": str(COMPILE_CACHE_BYTES)} if cfg.learner.compile_cache else {}
+    env |= cfg.learner.env
+    return {"env_vars": env} if env else None
+
+
+def learner_process_env(cfg: RunConfig, placement) -> list[dict[str, str]]:
+    """Each learner process's TPU variables (empty off TPU), over the hosts `placement` gave it; learner.env wins."""
+    hosts = bundle_hosts(placement) if placement is not None else None
+    envs = learner_envs(cfg.learner.topology, cfg.learner.hosts, cfg.learner.resources.tpu, hosts)
+    return [env | cfg.learner.env for env in envs]
+
+
+def engine_replica_env(cfg: RunConfig) -> list[dict[str, str]]:
+    """Each engine replica's TPU variables (empty off TPU); its server actor and so its engine process get them."""
+    return engine_envs(cfg.rollout.replicas, cfg.rollout.resources.tpu, cfg.learner.hosts)
 
 
 def connect(cfg: RunConfig) -> bool:
@@ -64,12 +79,12 @@ def start_learner(cfg: RunConfig, checkpoint_dir: str):
     from learner.group import start_learner
 
     check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
-    placement = reserve_hosts(cfg.learner.resources, cfg.learner.hosts, "learner", "hosts")
+    placement = reserve_learner(cfg)
     options = cfg.learner.resources.ray_options()
     if runtime_env := learner_runtime_env(cfg):
         options["runtime_env"] = runtime_env
     return start_learner(part_config(cfg.learner, LearnerConfig), cfg.model.resolved_path, checkpoint_dir, options,
-                         placement=placement)
+                         placement=placement, process_env=learner_process_env(cfg, placement))
 
 
 def with_run_key(rollout: RolloutConfig) -> RolloutConfig:
@@ -90,9 +105,9 @@ def start_rollout(cfg: RunConfig):
     every engine answers /health."""
     from rollout.fleet import setup_rollout
 
-    placement = reserve_hosts(cfg.rollout.resources, cfg.rollout.replicas, "rollout", "replicas")
+    placement = reserve_engines(cfg)
     rollout = setup_rollout(with_run_key(part_config(cfg.rollout, RolloutConfig)), cfg.model.resolved_path, placement,
-                            cfg.rollout.resources.ray_options())
+                            cfg.rollout.resources.ray_options(), replica_env=engine_replica_env(cfg))
     base_url = rollout.start()
     log.info("rollout server (%s, %d replica(s)) ready at %s", cfg.rollout.backend.kind, cfg.rollout.replicas,
              base_url)

@@ -16,12 +16,16 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
 from tasks import DataConfig
+from orchestration.parallelism import check_engine_chips, check_learner_chips
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode, needs_history
+from rollout.capabilities import (OFF, active, check_lora_env, check_platform_resources, engine_caps, logprobs_mode,
+                                  needs_history)
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 from strict_config import Strict
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class ModelConfig(Strict):
@@ -35,6 +39,16 @@ class ModelConfig(Strict):
         if path.exists() or "/" in self.path:
             return path
         return model_dir(self.path)
+
+    @property
+    def config_json(self) -> Path | None:
+        """The model's config.json (architecture, head counts): in its folder, else the copy shipped under
+        configs/models/<folder name>/ (the TPU configs' models, whose weights live on the TPU VM); None if neither."""
+        for path in (self.resolved_path / "config.json", REPO / "configs" / "models" / Path(self.path).name /
+                     "config.json"):
+            if path.exists():
+                return path
+        return None
 
 
 class TrainConfig(Strict):
@@ -172,8 +186,10 @@ class RolloutSection(RolloutConfig):
 
     @model_validator(mode="after")
     def _check_platform(self) -> "RolloutSection":
-        # A platform that contradicts the devices the actor asks Ray for (rollout/capabilities.py).
+        # A platform that contradicts the devices the actor asks Ray for (rollout/capabilities.py), and what the
+        # platform's engine needs to serve LoRA adapters.
         check_platform_resources(self.backend, self.resources.num_gpus, self.resources.tpu)
+        check_lora_env(self.backend)
         return self
 
 
@@ -182,6 +198,10 @@ class LearnerSection(LearnerConfig):
 
     resources: ActorResources = ActorResources()
     """What Ray reserves for each learner actor (one per host)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables of every learner process (e.g. LIBTPU_INIT_ARGS), set before it imports JAX and
+    applied last, over the JAX cache variables and the TPU chip variables the driver computes
+    (orchestration/tpu_env.py)."""
 
 
 def part_config(section: BaseModel, part: type[BaseModel]) -> Any:
@@ -271,6 +291,13 @@ class RunConfig(Strict):
                              "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")
         return self
 
+    @model_validator(mode="after")
+    def check_parallelism(self) -> "RunConfig":
+        # The learner's chips against its topology, the engine's against its tensor parallelism and the model's
+        # heads (orchestration/parallelism.py): rules Ray, libtpu and vLLM would apply minutes into the run.
+        check_learner_chips(self.learner.topology, self.learner.hosts, self.learner.resources.tpu)
+        check_engine_chips(self.rollout.backend, self.rollout.resources.tpu, self.model.config_json)
+        return self
 
 class ConfigError(ValueError):
     """A config mistake, already formatted as one line per problem."""

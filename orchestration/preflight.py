@@ -4,7 +4,9 @@ Compiles the learner's step (logprobs, gradient accumulation over one micro-batc
 config's `learner.topology` on this machine, from the model's config.json only (no weights, no TPU), and prints
 per chip: frozen weights, LoRA + optimizer state, temporaries, the total against the chip's HBM, XLA's FLOPs,
 an estimated step time and an MFU estimate. Exit 0 with a last line `preflight: fits ...` when the total leaves
->= 10% of HBM free; exit 2 with one line naming the setting to change when it does not.
+>= 10% of HBM free; exit 2 with one line naming the setting to change when it does not, also when XLA's TPU compiler
+itself refuses the step for lack of HBM (its needed and available figures per chip). It first states the parts' split
+it checked at load (hosts, chips, tensor parallelism against the model's heads: orchestration/parallelism.py).
 
 Sequence length: the longest prompt (`--prompt-tokens`, default 256, at most max_model_len - max_tokens) plus
 rollout.sampling.max_tokens, rounded up to learner.seq_bucket, as the Learner pads a batch.
@@ -46,12 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_config_path(cfg: RunConfig, given: Path | None) -> Path:
     """The model's config.json: given, in model.path, or shipped under configs/models/<name>/."""
-    candidates = [given] if given else [cfg.model.resolved_path / "config.json",
-                                         REPO / "configs" / "models" / Path(cfg.model.path).name / "config.json"]
-    for path in candidates:
-        if path.exists():
-            return path
-    raise ConfigError(f"no config.json for model.path {cfg.model.path}: looked in {', '.join(map(str, candidates))}; "
+    path = given if given else cfg.model.config_json
+    if path is not None and path.exists():
+        return path
+    looked = given or f"{cfg.model.resolved_path} and {REPO / 'configs' / 'models' / Path(cfg.model.path).name}"
+    raise ConfigError(f"no config.json for model.path {cfg.model.path}: looked in {looked}; "
                       "pass --model-config or add configs/models/<name>/config.json")
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
 from orchestration.config import RunConfig
+from orchestration.parallelism import report as parts_report
 
 HEADROOM = 0.10  # HBM that must stay free: runtime, fragmentation, the compiler's own misestimates
 GIB = 1 << 30
@@ -15,6 +17,30 @@ PROBE_LAYERS = (2, 3)
 """Layer counts `--probe-layers` compiles and extrapolates from (see _probed_figures)."""
 PROMPT_TOKENS = 256
 """Default longest prompt: the shipped tasks' chat prompts (system + Countdown or math question) stay under it."""
+# XLA's TPU compiler refusing a program that cannot fit (libtpu 0.0.50.1), e.g. "RESOURCE_EXHAUSTED: E1000:
+# CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO temporaries (135.54G) exceeds
+# available HBM (15.75G)". Its sizes are binary (tsl HumanReadableNumBytes: G = GiB).
+HBM_OOM = re.compile(r"CompileTimeHbmOom.*?required for (?P<what>[^(]+?) \((?P<need>[\d.]+)(?P<nu>[KMGT])\)"
+                     r".*?available HBM \((?P<have>[\d.]+)(?P<hu>[KMGT])\)", re.S)
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class CompileOom(RuntimeError):
+    """XLA's TPU compiler refused a step piece for lack of HBM: what it needed and had per chip, and the geometry."""
+
+    def __init__(self, what: str, need: int, have: int, geo, data_parallel: int):
+        super().__init__(f"{what} need {need / GIB:.2f} GiB per chip, {have / GIB:.2f} available")
+        self.what, self.need, self.have, self.geo, self.data_parallel = what, need, have, geo, data_parallel
+
+
+def compile_oom(message: str, geo, data_parallel: int) -> CompileOom | None:
+    """The CompileOom in an XLA error message, or None for any other error."""
+    m = HBM_OOM.search(message)
+    if m is None:
+        return None
+    size = lambda value, unit: int(float(value) * UNITS[unit])
+    return CompileOom(" ".join(m["what"].split()), size(m["need"], m["nu"]), size(m["have"], m["hu"]), geo,
+                      data_parallel)
 
 
 def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
@@ -54,6 +80,8 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
 
 def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     """Compile the learner's step for `learner_cfg`; returns (mesh, geometry, pieces, state sizes, chip)."""
+    import jax
+
     from learner import aot
     from learner.hbm import chip_for, per_device
     from learner.sampling import SamplingTransform
@@ -65,7 +93,12 @@ def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     batch = cfg.train.prompts_per_step * cfg.rollout.sampling.n
     geo = aot.geometry(learner_cfg, batch, max_sequence, cfg.rollout.sampling.max_tokens, mesh.shape["fsdp"])
     s = cfg.rollout.sampling
-    compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)))
+    try:
+        compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)))
+    except jax.errors.JaxRuntimeError as err:  # the TPU compiler itself refuses what cannot fit its chips
+        if (oom := compile_oom(str(err), geo, mesh.shape["fsdp"])) is None:
+            raise
+        raise oom from None
     sizes = {k: aot.bytes_per_device(v) for k, v in state.items()}
     return mesh, geo, aot.analyse(compiled, state, geo), sizes, per_device(chip_for(learner_cfg.topology), devices)
 
@@ -164,6 +197,24 @@ def _advice(cfg: RunConfig, fig: dict) -> str:
             "lower rollout.sampling.max_tokens (and rollout.backend.max_model_len)")
 
 
+def _oom_advice(cfg: RunConfig, oom: CompileOom, probe_layers: bool) -> str:
+    """The verdict line for a step the TPU compiler refused: its figures and the setting to change."""
+    geo, dp = oom.geo, oom.data_parallel
+    where = (f" (in the {PROBE_LAYERS[0]}-layer probe compile: the whole model needs more)" if probe_layers else "")
+    head = f"preflight: does not fit: XLA's TPU compiler ran out of HBM: {oom}{where}"
+    fit = int(geo.micro * (1 - HEADROOM) * oom.have / oom.need) // dp * dp
+    if fit >= dp and geo.micro > dp:
+        given = cfg.learner.grpo.micro_batch_size
+        now = f"{given}" if given == geo.micro else f"{given}, i.e. {geo.micro} sequences per micro-batch"
+        return (f"{head}; lower learner.grpo.micro_batch_size ({now}) to at most {fit} (temporaries scale with "
+                "it)")
+    if not cfg.learner.remat:
+        return f"{head}; set learner.remat=true (recompute layers in the backward pass)"
+    return (f"{head} with {geo.micro} sequence(s) of {geo.length} tokens per micro-batch; lower "
+            "rollout.sampling.max_tokens (and rollout.backend.max_model_len), or shard over more chips "
+            "(learner.mesh, learner.topology)")
+
+
 def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool, probe_layers: bool = False
         ) -> int:
     hf = json.loads(hf_path.read_text())
@@ -179,11 +230,16 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
           f"from {hf_path}; sequences <= {prompt_tokens} prompt + {s.max_tokens} completion tokens"
           + (f"; {hf['num_hidden_layers']} layers extrapolated from {PROBE_LAYERS[0]}- and {PROBE_LAYERS[1]}-layer "
              "compiles" if probe_layers else ""))
+    print(parts_report(cfg, hf))
     figures_of = _probed_figures if probe_layers else _figures
     figures = None
     for label, lc in variants:
         t0 = time.perf_counter()
-        mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence)
+        try:
+            mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence)
+        except CompileOom as oom:
+            print(_oom_advice(cfg, oom, probe_layers))
+            return 2
         print(f"[{label}] mesh {dict(mesh.shape)}; step: {geo.rows} sequences x {geo.length} tokens, micro-batch "
               f"{geo.micro}, {geo.micro_steps} micro-steps, {geo.updates} update(s), "
               f"{'off' if geo.off_policy else 'on'}-policy; compiled in {time.perf_counter() - t0:.0f} s")

@@ -46,6 +46,9 @@ class EngineCaps:
     """The mode of an engine without a logprobs_mode option; None = backend.logprobs_mode chooses."""
     extra_keys: frozenset[str] | None = None
     """`sampling.extra` keys the engine understands; None = passed through to the engine as-is."""
+    lora_env: dict[str, str] = field(default_factory=dict)
+    """Environment variables the engine needs to serve LoRA adapters (set on its server process when
+    backend.enable_lora; a backend.env that contradicts one is refused)."""
     notes: tuple[str, ...] = field(default=())
     """Where each fact comes from (file, function, version)."""
 
@@ -76,6 +79,16 @@ _VLLM = EngineCaps(
 # - logprobs (`TPUModelRunner._sample_from_logits`, tpu_inference/runner/tpu_runner.py): processed modes take
 #   log_softmax of `sample`'s processed logits = `_apply_sampling_transforms` (temperature, then top-k, then top-p,
 #   masked to -1e12; tpu_inference/layers/jax/sample/sampling.py); raw modes of the model's logits.
+# - LoRA needs the vLLM (torchax) model path: MODEL_IMPL_TYPE defaults to "auto" (tpu_inference/envs.py:270-272),
+#   which resolves to "flax_nnx" for every architecture outside `_VLLM_PREFERRED_ARCHITECTURES`
+#   (tpu_inference/models/common/model_loader.py:56-61, 777), Qwen2 among them (a JAX model in its registry,
+#   model_loader.py:88, 101). The flax_nnx path returns no LoRA manager (`lora_manager, model = None, None`,
+#   model_loader.py:541) while the runner still activates adapters whenever LoRA is configured
+#   (tpu_inference/runner/tpu_runner.py:3209-3214 -> runner/lora_utils.py:56), and LoRA's punica wrapper is the
+#   torch one (tpu_inference/platforms/tpu_platform.py:312). Gemma 3 has no JAX model there and falls back to the
+#   vLLM path (model_loader.py:689-702) with a warning. MODEL_IMPL_TYPE=vllm takes the vLLM path for every model,
+#   which returns the LoRA manager (model_loader.py:627); it is also in the platform's list of variables passed on
+#   to its workers (tpu_platform.py:218).
 _VLLM_TPU = EngineCaps(
     engine="vllm on tpu (vllm-tpu / tpu-inference 0.32.0)",
     ignored={"min_p": "use top_k/top_p", "repetition_penalty": "use a repetition reward (rewards: repetition)",
@@ -83,6 +96,7 @@ _VLLM_TPU = EngineCaps(
              "min_tokens": "use a length reward or platform cpu/gpu"},
     seed="rejected",
     logprob_modes={"raw_logprobs": frozenset(), "processed_logprobs": frozenset({"temperature", "top_k", "top_p"})},
+    lora_env={"MODEL_IMPL_TYPE": "vllm"},
     notes=("tpu-inference 0.32.0 tpu_inference/layers/jax/sample/sampling_metadata.py TPUSupportedSamplingMetadata",
            "tpu-inference 0.32.0 tpu_inference/platforms/tpu_platform.py TpuPlatform.validate_request",
            "tpu-inference 0.32.0 tpu_inference/layers/jax/sample/sampling.py _apply_sampling_transforms"),
@@ -156,6 +170,20 @@ def check_sampling(backend: EngineConfig, params: SamplingParams, where: str = "
     if caps.extra_keys is not None and (unknown := sorted(set(params.extra) - caps.extra_keys)):
         raise ValueError(f"{where}.extra {unknown} is not supported by {caps.engine}; remove it (supported: "
                          f"{sorted(caps.extra_keys)})")
+
+
+def lora_env(backend: EngineConfig) -> dict[str, str]:
+    """What `backend`'s engine needs in its environment to serve LoRA adapters ({} without LoRA)."""
+    return dict(engine_caps(backend).lora_env) if getattr(backend, "enable_lora", False) else {}
+
+
+def check_lora_env(backend: EngineConfig) -> None:
+    """Raise when backend.env contradicts what the engine needs to serve LoRA (e.g. MODEL_IMPL_TYPE on vllm-tpu)."""
+    for key, value in lora_env(backend).items():
+        if backend.env.get(key, value) != value:
+            raise ValueError(f"rollout.backend.env.{key} ({backend.env[key]}): {engine_caps(backend).engine} serves "
+                             f"LoRA adapters only with {key}={value}; remove it or set rollout.backend.enable_lora: "
+                             "false")
 
 
 def check_platform_resources(backend: EngineConfig, num_gpus: float, tpu: float) -> None:

@@ -17,8 +17,9 @@ run's API key); a replica whose node is lost fails like a dead one: it is taken 
 room, and a rebuild that has nowhere to go is cancelled when the fleet stops.
 
 On a TPU slice each replica asks for its chips through `rollout.resources`; with accelerators the replicas are
-placed one per bundle of a STRICT_SPREAD placement group that the driver reserves (orchestration/placement.py): one
-replica per host, or per chip group when a host's chips are split across bundles.
+placed one per bundle of a placement group that the driver reserves (orchestration/placement.py): a host's chips may
+hold several replicas' groups. Each replica's server actor gets its own environment from the driver (`replica_env`:
+its libtpu port and bounds, so engines sharing a host coexist), which its engine process inherits.
 """
 
 from __future__ import annotations
@@ -72,11 +73,12 @@ class RolloutFleet:
     """Generate across N replicas, push every adapter version to all of them, rebuild dead ones."""
 
     def __init__(self, cfg: RolloutConfig, model_path: Path, replicas: int | None = None, placement: Any = None,
-                 actor_options: dict[str, Any] | None = None):
+                 actor_options: dict[str, Any] | None = None, replica_env: list[dict[str, str]] | None = None):
         self.cfg = cfg
         self.model_path = Path(model_path)
         self._actor_options = actor_options or {}  # each replica's Ray resources, from the driver
         self.n = replicas or cfg.replicas
+        self._replica_env = replica_env or [{} for _ in range(self.n)]  # replica i's own variables, from the driver
         self.events: list[str] = []
         """What happened to any replica besides normal work (restarts and why), oldest first. Published at the end
         of each generate(), so one that happened during a push or a background rebuild is counted with the next
@@ -96,7 +98,7 @@ class RolloutFleet:
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def _new_rollout(self, index: int) -> Rollout:
-        options = dict(self._actor_options)
+        options = with_env(self._actor_options, self._replica_env[index])
         if self._placement is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -296,11 +298,22 @@ class RolloutFleet:
         return out
 
 
+def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Ray options whose runtime_env also sets `env` (over the env_vars already there)."""
+    if not env:
+        return dict(options)
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    return {**options, "runtime_env": runtime_env}
+
+
 def setup_rollout(cfg: RolloutConfig, model_path: Path, placement: Any = None,
-                  actor_options: dict[str, Any] | None = None) -> Rollout | RolloutFleet:
+                  actor_options: dict[str, Any] | None = None, replica_env: list[dict[str, str]] | None = None
+                  ) -> Rollout | RolloutFleet:
     """One `Rollout` (replicas=1) or a `RolloutFleet`, not started. The driver decides where the engines run:
-    `actor_options` are each server actor's Ray resources, and `placement` (a placement group it reserved) gives each
-    replica one bundle (distinct hosts); None puts them wherever Ray likes."""
+    `actor_options` are each server actor's Ray resources, `placement` (a placement group it reserved) gives each
+    replica one bundle; None puts them wherever Ray likes. `replica_env`: replica i's own environment variables
+    (its server actor's, which its engine process inherits), or None."""
     if cfg.replicas == 1:
-        return Rollout(cfg, model_path, actor_options)
-    return RolloutFleet(cfg, model_path, placement=placement, actor_options=actor_options)
+        return Rollout(cfg, model_path, with_env(actor_options or {}, (replica_env or [{}])[0]) or None)
+    return RolloutFleet(cfg, model_path, placement=placement, actor_options=actor_options, replica_env=replica_env)

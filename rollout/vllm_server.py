@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rollout.capabilities import lora_env
 from rollout.config import VllmConfig
 from rollout.engine_config import cli_flags
 from rollout.server_process import ServerProcess
@@ -95,6 +96,7 @@ class VllmBackend(ServerProcess):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
             if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
+        env.update(lora_env(self.cfg))  # e.g. vllm-tpu's model path that has a LoRA manager (rollout/capabilities.py)
 
     @property
     def patches_lora(self) -> bool:

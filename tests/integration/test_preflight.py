@@ -103,6 +103,29 @@ def test_oversized_micro_batch_names_the_setting() -> None:
     assert last.startswith("preflight: does not fit") and "learner.grpo.micro_batch_size" in last, last
 
 
+def test_tpu_compiler_out_of_memory_is_the_verdict_line() -> None:
+    """Finding 7 of issue 27 (fails on main: a JaxRuntimeError traceback, exit 1): on a TPU topology XLA's compiler
+    itself refuses a step that cannot fit (CompileTimeHbmOom), and preflight turns that into exit 2 and one line with
+    the compiler's needed vs available HBM per chip and the setting to change. Cheapest trigger: the 2-layer probe of
+    the v5e-8 config at micro-batch 4096 (refused at its first compile, about 40 s here). Preflight also states the
+    parts' split it checked (hosts, chips, tensor parallelism against the heads)."""
+    config = ROOT / "configs" / "countdown_qwen2.5-1.5b_tpu_v5e8.yaml"
+    need_libtpu(config)
+    out = preflight("--config", str(config), "--probe-layers", "learner.grpo.micro_batch_size=4096")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stdout + out.stderr[-3000:]
+    assert ("preflight: parts: learner 1 process(es) x 4 chips = v5e:2x2; engine 1 replica(s) x 4 chips, tensor "
+            "parallel 4 over the model's 12 attention / 2 KV heads") in out.stdout
+    last = out.stdout.strip().splitlines()[-1]
+    verdict = re.fullmatch(r"preflight: does not fit: XLA's TPU compiler ran out of HBM: HLO temporaries need "
+                           r"([0-9.]+) GiB per chip, ([0-9.]+) available \(in the 2-layer probe compile: the whole "
+                           r"model needs more\); lower learner.grpo.micro_batch_size \(4096, i.e. 256 sequences per "
+                           r"micro-batch\) to at most ([0-9]+) \(temporaries scale with it\)", last)
+    assert verdict, last
+    need, have, fit = float(verdict[1]), float(verdict[2]), int(verdict[3])
+    assert need > have == pytest.approx(15.75, abs=0.5)  # a v5e chip's 16 GiB less what libtpu keeps
+    assert 0 < fit < 256 and fit % 4 == 0  # a multiple of the 4-way data parallelism
+
+
 # Whole-model TPU compiles take 130-160 s each on an idle 2-core box (README "Preflight"): the other two run only
 # when asked for, `pytest -m preflight_compile tests/integration/test_preflight.py`, to keep the suite's time.
 @pytest.mark.preflight_compile

@@ -119,3 +119,16 @@ def test_swapping_engines_keeps_the_shared_fields():
 def test_cpu_only_engine_settings_stay_off_other_platforms():
     assert VllmBackend(VllmConfig(platform="cpu"), Path("/x")).environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert "VLLM_CPU_KVCACHE_SPACE" not in VllmBackend(VllmConfig(platform="tpu"), Path("/x")).environment()
+
+
+def test_vllm_tpu_serves_lora_only_on_its_vllm_model_path():
+    """Finding 5 of issue 27 (fails on main, where nothing set it): tpu-inference 0.32.0 resolves MODEL_IMPL_TYPE
+    "auto" to its flax_nnx path for Qwen2 (tpu_inference/models/common/model_loader.py:56-61, 777), which has no
+    LoRA manager (model_loader.py:541); the engine's environment must take the vLLM path whenever LoRA is on."""
+    tpu = VllmConfig(platform="tpu", dtype="bfloat16")
+    assert VllmBackend(tpu, Path("/m")).environment()["MODEL_IMPL_TYPE"] == "vllm"
+    assert "MODEL_IMPL_TYPE" not in VllmBackend(tpu.model_copy(update={"enable_lora": False}), Path("/m")).environment()
+    assert "MODEL_IMPL_TYPE" not in VllmBackend(VllmConfig(), Path("/m")).environment()  # vllm-cpu has no such path
+    line = refusal(TPU, ["rollout.backend.env={MODEL_IMPL_TYPE: flax_nnx}"])
+    assert line.startswith("rollout.backend.env.MODEL_IMPL_TYPE (flax_nnx): vllm on tpu")
+    assert "serves LoRA adapters only with MODEL_IMPL_TYPE=vllm" in line
