@@ -101,17 +101,19 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 def run(cfg: RunConfig, run_dir: Path) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
-    prompts = setup_dataset(cfg.data, "train")  # a data config error (DatasetTooSmall) too: in seconds, not minutes
-    started_cluster = cluster.connect(cfg)
-    signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
+    prompts = setup_dataset(cfg.data, "train")  # a data config error (DataError) too: in seconds, not minutes
+    rewards = setup_rewards(cfg.rewards)  # a reward by import path that does not import, too
     rollout = None
     parts = state = None
+    started_cluster = False
     try:
+        started_cluster = cluster.connect(cfg)
+        signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
         learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
         rollout = cluster.start_rollout(cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
+        parts = Parts(rollout, learner, rewards, stream, renderer, None)  # type: ignore[arg-type]
         fault.parts = parts
         state = restore(cfg, parts, run_dir)
         train_loop(cfg, parts, run_dir, state, fault)
@@ -133,5 +135,6 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
             parts.metrics.close()
         if rollout is not None:
             rollout.stop()
+        rewards.close()
         if started_cluster:
             ray.shutdown()

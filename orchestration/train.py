@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     dump_config(cfg, run_dir / "config.yaml")
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir.resolve())
-    from tasks import DatasetTooSmall
+    from tasks import DataError
     from orchestration.loop import LearnerDied
     from orchestration.resources import ResourceError
+    from rewards.pool import RewardImportError
     from orchestration.run import run  # imports Ray, the learner and the engine client
 
     try:
@@ -79,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except ResourceError as err:  # the cluster cannot hold the run: one line, like a config error
         print(f"resource error: {err}", file=sys.stderr)
         return 2
-    except DatasetTooSmall as err:  # raised before any cluster starts
+    except DataError as err:  # a data file or data config the run cannot use: before any cluster starts, or a bad row
+        print(error_report(err), file=sys.stderr)
+        return 2
+    except RewardImportError as err:  # a reward by import path that does not load: before any cluster starts
         print(error_report(err), file=sys.stderr)
         return 2
     return 0
