@@ -34,6 +34,14 @@ def main() -> None:
     _die_with_parent(int(sys.argv[2]))
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        serve(conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the pool closed (or gave up on this worker): done
+        return
+
+
+def serve(conn: Connection) -> None:
+    """Import the functions, say so, then answer calls until the pool closes the pipe."""
     init = conn.recv()
     limit = init["memory_mb"] << 20
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
@@ -47,10 +55,7 @@ def main() -> None:
             return
     conn.send_bytes(_reply(ready=True))
     while True:
-        try:
-            call_id, index, kwargs = conn.recv()
-        except EOFError:  # the pool closed: done
-            return
+        call_id, index, kwargs = conn.recv()
         reply, fatal = run_call(fns[index], kwargs)
         conn.send_bytes(_reply(id=call_id, **reply))
         if fatal:  # after a MemoryError the process may be half-broken: let the pool start a fresh one

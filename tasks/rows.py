@@ -143,13 +143,20 @@ class ParquetRows:
         return self._group(group).slice(index - int(self._starts[group]), 1).to_pylist()[0]
 
     def _group(self, group: int):
+        import pyarrow as pa
+
         if group in self._cache:
             self._cache.move_to_end(group)
             return self._cache[group]
-        table = self._file.read_row_group(group)
+        # One thread: decoding threads each keep a malloc arena of freed pages (RSS that outlives the table).
+        table = self._file.read_row_group(group, use_threads=False)
         self._cache[group] = table
+        evicted = False
         while len(self._cache) > 1 and sum(t.nbytes for t in self._cache.values()) > self._cache_bytes:
             self._cache.popitem(last=False)
+            evicted = True
+        if evicted:  # Arrow's allocator keeps freed pages for reuse; over a long run they would add up to the file
+            pa.default_memory_pool().release_unused()
         return table
 
     def where(self, index: int) -> str:
