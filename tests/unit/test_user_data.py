@@ -63,7 +63,8 @@ def test_base_template_keeps_the_text_and_prompt_field_maps_another_column(tmp_p
     prompt = setup_dataset(dataset(path, prompt_field="question", template="base"), "train")[0]
     assert prompt.text == "2 + 2?" and prompt.messages is None and prompt.reference == {"answer": "4"}
     # TRL's conversational layout: the prompt column holds the messages.
-    path = write([{"prompt": [{"role": "user", "content": "hi", "name": None}], "answer": "x"}], tmp_path / "c", "jsonl")
+    row = {"prompt": [{"role": "user", "content": "hi", "name": None}], "answer": "x"}
+    path = write([row], tmp_path / "c", "jsonl")
     prompt = setup_dataset(dataset(path), "train")[0]
     assert prompt.messages == ({"role": "user", "content": "hi"},), "None-valued keys (Arrow struct fill) dropped"
 
