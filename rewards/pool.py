@@ -189,7 +189,8 @@ class RewardPool:
             worker.kill()
             return Outcome(None, "invalid", f"unreadable reply ({exc!r:.100}); worker replaced"), False
         if "kind" in reply:
-            return Outcome(None, reply["kind"], str(reply.get("message", ""))), reply["kind"] != "memory"
+            kind = reply["kind"] if reply["kind"] in FAILURE_KINDS else "invalid"
+            return Outcome(None, kind, str(reply.get("message", ""))[:300]), kind != "memory"
         values = reply.get("values")
         if not isinstance(values, list) or len(values) != call.size or \
                 not all(v is None or isinstance(v, (int, float)) for v in values):
