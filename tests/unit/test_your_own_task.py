@@ -56,3 +56,18 @@ def test_a_reward_that_does_not_import_stops_training_in_one_line(tmp_path) -> N
     errors = [line for line in proc.stderr.splitlines() if line.startswith("config error: ")]
     assert len(errors) == 1 and "rewards.terms[0].fn my_missing_module:score: cannot load it" in errors[0]
     assert "Ray" not in (tmp_path / "run" / "train.log").read_text(), "the cluster was started before the check"
+
+
+def test_the_eval_cli_draws_the_held_out_rows(monkeypatch) -> None:
+    """`python -m orchestration.eval CONFIG --limit 16` (the page's eval) resolves to held-out rows only; another
+    --seed draws them in another order, never training rows."""
+    from orchestration.eval import parse_args, resolve
+
+    monkeypatch.chdir(ROOT)
+    train = {p.uid.rsplit("-", 1)[1] for p in setup_dataset(load_config(CONFIG).data, "train")}
+    uids = {}
+    for seed in (0, 1):
+        job = resolve(parse_args([str(CONFIG), "--limit", "16", "--seed", str(seed)]))
+        uids[seed] = [p.uid.rsplit("-", 1)[1] for p in job.prompts]
+        assert len(uids[seed]) == 16 and not train & set(uids[seed])
+    assert uids[0] != uids[1]
