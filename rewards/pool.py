@@ -160,7 +160,8 @@ class RewardPool:
                 idle.append(worker if healthy else self._replace(worker))
             now = time.monotonic()
             for conn, (worker, number, deadline) in list(busy.items()):
-                if now >= deadline:
+                # An answer that arrived while this loop was busy (starting a replacement) is no timeout.
+                if now >= deadline and not conn.poll():
                     del busy[conn]
                     worker.kill()
                     results[number] = Outcome(None, "timeout", f"no answer within {self.timeout_s:g} s "
