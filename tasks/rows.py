@@ -87,8 +87,11 @@ class JsonlRows:
 
     def where(self, index: int) -> str:
         # Line numbers are counted only for an error message (blank lines make them differ from row positions).
+        left, lines_before = int(self._starts[index]), 0
         with self.path.open("rb") as f:
-            lines_before = f.read(int(self._starts[index])).count(b"\n")
+            while left > 0 and (chunk := f.read(min(left, _CHUNK_BYTES))):
+                lines_before += chunk.count(b"\n")
+                left -= len(chunk)
         return f"{self.path}:{lines_before + 1}"
 
 
