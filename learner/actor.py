@@ -32,7 +32,7 @@ class LearnerWorker:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         if cfg.cpu_cores:  # this thread builds the learner: the XLA threads it starts inherit its affinity
             os.sched_setaffinity(0, cfg.cpu_cores)
-        self._args = (cfg, Path(model_path), Path(checkpoint_dir) if checkpoint_dir else None)
+        self._args = (cfg, Path(model_path), checkpoint_dir)  # a local path or a storage URI (gs://...)
         self.learner = None
         if num_processes == 1:
             self._build()
@@ -70,19 +70,25 @@ class LearnerWorker:
         if not _primary():  # the gather is collective; one process writes
             self.learner.lora_tensors()
             return str(out_dir)
-        return str(self.learner.export_lora(Path(out_dir)))
+        return self.learner.export_lora(out_dir)
 
     def export_merged(self, out_dir: str) -> str:
         if not _primary():
             self.learner.lora_tensors()
             return str(out_dir)
-        return str(self.learner.export_merged(Path(out_dir)))
+        return self.learner.export_merged(out_dir)
 
     def save(self, step: int, extra: dict | None = None) -> None:
         self.learner.save(step, extra)
 
     def restore(self) -> tuple[int, dict]:
         return self.learner.restore()
+
+    def node(self) -> str:
+        """Where this process runs: its Ray node's address and the host name (for placement logs and errors)."""
+        import socket
+
+        return f"{ray.util.get_node_ip_address()} ({socket.gethostname()})"
 
     def devices(self) -> list[str]:
         """The learner's mesh devices, as strings (for logs and tests)."""
@@ -98,7 +104,7 @@ def _primary() -> bool:
 LearnerActor = ray.remote(LearnerWorker)
 
 
-def start_learner_actor(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None,
+def start_learner_actor(cfg: LearnerConfig, model_path: Path, checkpoint_dir: str | None = None,
                         actor_options: dict[str, Any] | None = None, num_processes: int = 1):
     """Start a LearnerActor. `actor_options` are the driver's Ray options for it: resources (`num_cpus`, `num_gpus`,
     `resources={"TPU": chips}`), `runtime_env` (platform settings, e.g. XLA_FLAGS), `scheduling_strategy`.

@@ -6,6 +6,9 @@ mid-write is never picked up by `latest_step`; `keep` bounds how many stay on di
 
 Each checkpoint's JSON item records the LoRA leaf shapes and config, so resuming with a config that does not
 fit (another rank, other target modules) fails with the leaf and the setting to change, not a tree diff.
+
+The directory may be a storage URI (`gs://bucket/run/checkpoints`, storage/uri.py): Orbax then writes through
+tensorstore's GCS driver and marks each complete step with a commit file instead of a rename.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import orbax.checkpoint as ocp
+
+from storage.uri import absolute, use_emulator
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +65,9 @@ def check_fits(saved: dict[str, list[int]], expected: dict[str, list[int]], save
 class Checkpointer:
     """A thin Orbax CheckpointManager: save(step, ...) / latest_step() / restore(step, ...)."""
 
-    def __init__(self, directory: Path, keep: int):
-        self.directory = Path(directory).absolute()
+    def __init__(self, directory: str | Path, keep: int):
+        use_emulator()
+        self.directory = absolute(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
         self._mgr = ocp.CheckpointManager(self.directory, options=options)
 

@@ -33,7 +33,7 @@ from learner.config import LearnerConfig
 log = logging.getLogger(__name__)
 
 DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
-METHODS = ("step", "lora_tensors", "export_lora", "export_merged", "save", "restore", "devices")
+METHODS = ("step", "lora_tensors", "export_lora", "export_merged", "save", "restore", "devices", "node")
 
 
 class LearnerProcessLost(RuntimeError):
@@ -114,7 +114,7 @@ class LearnerGroup:
             self._pg = None
 
 
-def start_learner(cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None,
+def start_learner(cfg: LearnerConfig, model_path: Path, checkpoint_dir: str | None = None,
                   actor_options: dict[str, Any] | None = None, placement: Any = None):
     """The learner as the driver sees it: one LearnerActor (hosts=1) or a LearnerGroup of `cfg.hosts` processes.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from learner.mesh import learner_mesh
 from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
+from storage.uri import is_uri, upload
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 class Learner:
     """GRPO on LoRA weights; see the module docstring for what one step does."""
 
-    def __init__(self, cfg: LearnerConfig, model_path: Path, checkpoint_dir: Path | None = None):
+    def __init__(self, cfg: LearnerConfig, model_path: Path, checkpoint_dir: str | Path | None = None):
         self.cfg = cfg
         self.model_path = Path(model_path)
         self.mesh = learner_mesh(cfg.devices, cfg.mesh)
@@ -209,13 +211,16 @@ class Learner:
         tensors = peft_tensors(tree_to_host(self.params), self.cfg.lora.rank)
         return tensors, adapter_config(self.cfg.lora, str(self.model_path))
 
-    def export_lora(self, out_dir: Path) -> Path:
-        """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load."""
-        return write_peft(Path(out_dir), *self.lora_tensors())
+    def export_lora(self, out_dir: str | Path) -> str:
+        """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load; `out_dir`
+        may be a storage URI (gs://...), where every host can read it."""
+        tensors, config = self.lora_tensors()
+        return _write_folder(out_dir, lambda local: write_peft(local, tensors, config))
 
-    def export_merged(self, out_dir: Path) -> Path:
-        """HF folder with the LoRA folded into the base weights (for serving without LoRA support)."""
-        return write_merged(self.model_path, Path(out_dir), *self.lora_tensors())
+    def export_merged(self, out_dir: str | Path) -> str:
+        """HF folder with the LoRA folded into the base weights (for serving without LoRA support); local or URI."""
+        tensors, config = self.lora_tensors()
+        return _write_folder(out_dir, lambda local: write_merged(self.model_path, local, tensors, config))
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, step: int, extra: dict | None = None) -> None:
@@ -243,6 +248,15 @@ class Learner:
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.close()
+
+
+def _write_folder(out_dir: str | Path, write) -> str:
+    """`write(local_folder)` straight into a local `out_dir`, or into a temporary folder uploaded to a URI."""
+    if not is_uri(out_dir):
+        return str(write(Path(out_dir)))
+    with tempfile.TemporaryDirectory(prefix="aha-export-") as tmp:
+        upload(write(Path(tmp) / "out"), str(out_dir))
+    return str(out_dir)
 
 
 def _take(batch: TrainBatch, adv: np.ndarray, order: np.ndarray) -> tuple[TrainBatch, np.ndarray]:

@@ -58,7 +58,12 @@ class TrainConfig(Strict):
     draws the samples an uninterrupted one would (engines that take seeds: vLLM, SGLang-JAX with deterministic
     sampling)."""
     run_dir: str = "runs/{name}-{time}"
-    """Where metrics, checkpoints, adapters and plots go; {name} is the config file's stem, {time} a timestamp."""
+    """Where metrics, checkpoints, adapters and plots go; {name} is the config file's stem, {time} a timestamp.
+    A local path, or shared storage every host reads (`gs://bucket/runs/{name}-{time}`): on a Ray cluster of several
+    nodes a local path is refused unless `run_dir_shared` says every node mounts it."""
+    run_dir_shared: bool = False
+    """The run directory is a local path that every node of the cluster mounts at the same place (NFS, a shared
+    disk): allow it on a multi-node cluster, where the learner writes checkpoints on its own host."""
 
 
 class WandbConfig(Strict):
@@ -139,12 +144,26 @@ class ActorResources(Strict):
     """Ray GPUs."""
     tpu: float = Field(0.0, ge=0)
     """Ray `TPU` resource (chips); inside the actor `jax.devices()` are then those chips."""
+    custom: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources per actor, to pin a part to chosen nodes: start a node with
+    `ray start --resources='{"engine_host": 1}'` and set `rollout.resources.custom: {engine_host: 1}`; each actor
+    then runs only on a node that still has that much of it (one per node at 1 of 1). Names are yours (not CPU,
+    GPU, TPU: those are the keys above)."""
+
+    @model_validator(mode="after")
+    def _check_custom(self) -> "ActorResources":
+        for name, amount in self.custom.items():
+            if name in ("CPU", "GPU", "TPU", "memory", "object_store_memory") or amount <= 0:
+                raise ValueError(f"resources.custom {{{name}: {amount}}}: custom resources need a name of your own and "
+                                 "an amount > 0 (CPUs, GPUs and chips are num_cpus, num_gpus, tpu)")
+        return self
 
     def ray_options(self) -> dict[str, Any]:
         """`actor.options(...)` keywords."""
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
-        if self.tpu:
-            options["resources"] = {"TPU": self.tpu}
+        resources = {**({"TPU": self.tpu} if self.tpu else {}), **self.custom}
+        if resources:
+            options["resources"] = resources
         return options
 
 

@@ -13,9 +13,11 @@
 Actions: `sigint` / `sigterm` (signal this process's main thread, which raises at once), `sigint_blocked` /
 `sigterm_blocked` (the same signal, sent by a watcher thread once the main thread waits inside a Ray call of this
 phase, e.g. the `ray.get` of a push, an update or a save: Ray then re-raises it as a plain KeyboardInterrupt),
-`kill_engine` (SIGKILL the engine server's process group), `kill_learner` (kill the learner actor). Without
-`@step` a fault fires at the first step that reaches its phase; each fault fires once. No sleeps, no timing: a test
-names where the fault lands.
+`kill_engine` (SIGKILL the engine server's process group), `kill_learner` (kill the learner actor), `kill_node`
+(SIGKILL the whole Ray node of the last engine replica, which must not be the driver's node: its server, its actor
+and the node's raylet, as a host lost; the hook returns once Ray reports the actor dead). Without `@step` a fault
+fires at the first step that reaches its phase; each fault fires once. No sleeps, no timing: a test names where the
+fault lands.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 PHASES = ("generate", "score", "learn", "push", "save", "between", "eval")
-ACTIONS = ("sigint", "sigterm", "sigint_blocked", "sigterm_blocked", "kill_engine", "kill_learner")
+ACTIONS = ("sigint", "sigterm", "sigint_blocked", "sigterm_blocked", "kill_engine", "kill_learner", "kill_node")
 # The loop's function a phase's blocking Ray call is made from (orchestration/loop.py), for the *_blocked actions.
 BLOCKING_CALLER = {"learn": "collect", "push": "push_lora", "save": "save_checkpoint"}
 WATCH_LIMIT_S = 600.0
@@ -95,10 +97,30 @@ class FaultHook:
         elif action == "kill_engine":
             pgid = ray.get(self.parts.rollout.actor.pid.remote())
             os.killpg(pgid, signal.SIGKILL)
+        elif action == "kill_node":
+            kill_engine_node(self.parts.rollout)
         elif action == "kill_learner":
             # One process of a multi-host learner (learner.hosts > 1) is enough to stop the whole group.
             actors = getattr(self.parts.learner, "actors", None) or [self.parts.learner]
             ray.kill(actors[-1], no_restart=True)
+
+
+def kill_engine_node(rollout: Any, timeout_s: float = 180.0) -> None:
+    """Kill the node of the last engine replica (or of the single engine) and wait until Ray says its actor died."""
+    import ray
+
+    replicas = getattr(rollout, "replicas", None)
+    actor = replicas[-1].rollout.actor if replicas else rollout.actor
+    node = ray.get(actor.node.remote())
+    if node == ray.util.get_node_ip_address():
+        raise ValueError(f"{ENV} kill_node: the engine runs on the driver's node {node}; place it on another node")
+    ref = actor.kill_node.remote()
+    try:
+        ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.RayActorError:
+        return  # the actor died with its node, as intended
+    except ray.exceptions.GetTimeoutError:
+        log.warning("%s kill_node: Ray did not report the engine's actor dead within %.0f s", ENV, timeout_s)
 
 
 NO_FAULTS = FaultHook([])

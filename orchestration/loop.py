@@ -22,7 +22,6 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.inloop_eval import maybe_eval
 from orchestration.metrics import MetricsLog
+from orchestration.run_dir import RunDir
 from tasks.render import PromptRenderer
 from rewards.registry import RewardSet
 from rewards.types import Sample, TrainingProgress
@@ -75,6 +75,7 @@ class Parts:
     stream: PromptStream
     renderer: PromptRenderer
     metrics: MetricsLog
+    run_dir: RunDir
 
 
 def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
@@ -171,13 +172,14 @@ def push_adapter(parts: Parts, version: int, fault: FaultHook = NO_FAULTS) -> fl
     return parts.rollout.push_lora(version, tensors, adapter_config)
 
 
-def log_samples(run_dir: Path, r: Rollouts, renderer: PromptRenderer) -> None:
+def log_samples(run_dir: RunDir, r: Rollouts, renderer: PromptRenderer) -> None:
     """Keep one prompt's group of completions per step, for people reading what the policy does."""
-    with (run_dir / "samples.jsonl").open("a") as f:
+    with (run_dir.local / "samples.jsonl").open("a") as f:
         group = r.completions[0]
         f.write(json.dumps({"step": r.step, "prompt": renderer.text(r.prompts[0]),
                             "completions": [c.text for c in group],
                             "rewards": r.totals[: len(group)]}) + "\n")
+    run_dir.sync("samples.jsonl")
 
 
 @dataclass
@@ -230,6 +232,7 @@ def save_checkpoint(parts: Parts, state: LoopState, fault: FaultHook = NO_FAULTS
     fault("save", state.step)
     learner_get(ref, f"the checkpoint of step {state.step}")
     state.saved_step = state.step
+    parts.run_dir.note_saved(state.step)
 
 
 def generate_ahead(cfg: RunConfig, parts: Parts, pending: deque, step: int, fault: FaultHook) -> None:
@@ -240,7 +243,7 @@ def generate_ahead(cfg: RunConfig, parts: Parts, pending: deque, step: int, faul
         nxt += 1
 
 
-def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fault: FaultHook = NO_FAULTS) -> None:
+def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook = NO_FAULTS) -> None:
     """Run steps state.step+1 .. cfg.train.steps. The adapter on the server is version `state.step` on entry."""
     version = state.step  # one learner update per step, so the policy version is the step count
     first_step = state.step + 1
@@ -278,7 +281,7 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
             metrics["timing/generate_overlapped"] = sum(p.metrics["timing/generate"] for p in pending)
         parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete
         state.unlogged = None
-        log_samples(run_dir, rollouts, parts.renderer)
+        log_samples(parts.run_dir, rollouts, parts.renderer)
         maybe_eval(cfg, parts, step)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state, fault)

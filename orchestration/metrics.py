@@ -14,10 +14,12 @@ import math
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestration.config import RunConfig, WandbConfig
+    from orchestration.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 WANDB_SETUP = "bash scripts/setup_envs.sh"  # requirements/learner.lock pins wandb
@@ -34,8 +36,10 @@ class MetricsLog:
     """Writes each step's metrics to every sink; safe to reopen on resume (appends)."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0, tensorboard: bool = True,
-                 progress: str = "auto", wandb: WandbConfig | None = None, run_config: dict | None = None):
+                 progress: str = "auto", wandb: WandbConfig | None = None, run_config: dict | None = None,
+                 on_write: Callable[[], None] | None = None):
         self.path = run_dir / "metrics.jsonl"
+        self._on_write = on_write  # e.g. copy metrics.jsonl to a run dir on shared storage
         self._file = self.path.open("a")
         self._tb = self._open_tensorboard(run_dir / "tb") if tensorboard else None
         self._wandb = open_wandb(wandb, run_dir, run_config or {}) if wandb is not None else None
@@ -77,6 +81,8 @@ class MetricsLog:
                **{k: _finite(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        if self._on_write is not None:
+            self._on_write()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
             for key, value in scalars.items():
@@ -114,11 +120,12 @@ class MetricsLog:
             self._bar.close()
 
 
-def setup_metrics(cfg: RunConfig, run_dir: Path, start_step: int) -> MetricsLog:
-    """The run's MetricsLog with every sink cfg.logging asks for."""
+def setup_metrics(cfg: RunConfig, run_dir: RunDir, start_step: int) -> MetricsLog:
+    """The run's MetricsLog with every sink cfg.logging asks for, written in the driver's copy of the run dir;
+    metrics.jsonl goes to the run dir's storage after every row."""
     lg = cfg.logging
-    return MetricsLog(run_dir, cfg.train.steps, start_step, lg.tensorboard, lg.progress, lg.wandb,
-                      cfg.model_dump(mode="json"))
+    return MetricsLog(run_dir.local, cfg.train.steps, start_step, lg.tensorboard, lg.progress, lg.wandb,
+                      cfg.model_dump(mode="json"), on_write=lambda: run_dir.sync("metrics.jsonl"))
 
 
 def open_wandb(cfg: WandbConfig, run_dir: Path, run_config: dict):

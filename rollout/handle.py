@@ -63,7 +63,12 @@ class Rollout:
 
         if self.actor is None:
             self.actor = setup_rollout_server(self.cfg, self.model_path, self.actor_options)
-        return self._connect(ray.get(self.actor.start.remote()))
+        try:
+            return self._connect(ray.get(self.actor.start.remote()))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ValueError):  # a setting the server cannot start with: its one line
+                raise ValueError(str(exc.cause)) from None
+            raise
 
     def _connect(self, base_url: str) -> str:
         self._client = RolloutClient(base_url, self.cfg.client, self._wire)

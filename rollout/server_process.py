@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 # A line that starts an error report in an engine log: a Python traceback, or a log record at level ERROR
 # (vLLM: "(EngineCore_DP0 pid=7) ERROR 11-25 13:24:21 [core.py:...]"). Words like "error" in WARNING lines do not count.
 ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARD = ("0.0.0.0", "::", "")
 # Variables of the driver's env (Python 3.12, jax, Ray worker settings) that must not leak into an engine env.
 DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
@@ -48,6 +50,25 @@ def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def engine_address(host: str | None, node_ip: str | None, driver_ip: str | None) -> tuple[str, str]:
+    """(address the server binds, address the driver dials) for `rollout.backend.host` on an engine whose Ray node
+    is `node_ip`, driven from `driver_ip` (None: not under Ray, i.e. the same host).
+
+    A wildcard never becomes the dialled address, and a loopback bind on another node than the driver's is refused:
+    the driver could not reach it (and the engine's own health check, on its loopback, would say it is fine).
+    """
+    same_node = node_ip is None or driver_ip is None or node_ip == driver_ip
+    if host is None:
+        return ("127.0.0.1", "127.0.0.1") if same_node else (node_ip, node_ip)
+    if host in WILDCARD:
+        return host, "127.0.0.1" if same_node else node_ip
+    if host in LOOPBACK and not same_node:
+        raise ValueError(f"rollout.backend.host {host} is loopback, but the engine runs on node {node_ip} and the "
+                         f"driver on {driver_ip}, which cannot reach it; leave rollout.backend.host unset (the engine "
+                         "then binds its node's address) or pin the engine to the driver's node")
+    return host, host
 
 
 def error_excerpt(lines: list[str], context: int = 30, tail: int = 8) -> str:
@@ -89,6 +110,9 @@ class ServerProcess:
         self.model_path = Path(model_path)
         self.workdir = Path(workdir) if workdir else None
         self.base_url: str | None = None
+        self.dial_host: str | None = None
+        """Address clients dial (the node's address when the driver is elsewhere); None: the bind address, or
+        loopback for a wildcard or unset bind."""
         self._proc: subprocess.Popen | None = None
         self._log_path: Path | None = None
 
@@ -108,20 +132,26 @@ class ServerProcess:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        port = self.cfg.port or free_port(self.cfg.host)
+        port = self.cfg.port or free_port(self.bind_host)
         self._log_path = self.workdir / f"server-{port}-{int(time.time())}.log"
-        log.info("starting %s on %s:%d (log %s)", self.engine_name, self.cfg.host, port, self._log_path)
+        log.info("starting %s on %s:%d (log %s)", self.engine_name, self.bind_host, port, self._log_path)
         with open(self._log_path, "ab") as out:
             self._proc = subprocess.Popen(self.command(port), stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=self.environment(), cwd=self.workdir,
                                           start_new_session=True)
-        self.base_url = f"http://{self.cfg.host}:{port}"
+        dial = self.dial_host or ("127.0.0.1" if self.bind_host in WILDCARD else self.bind_host)
+        self.base_url = f"http://{dial}:{port}"  # the health check below dials it too, as the driver will
         try:
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
         return self.base_url
+
+    @property
+    def bind_host(self) -> str:
+        """The address the server listens on (loopback when the config leaves it to the actor and none decided)."""
+        return self.cfg.host if self.cfg.host is not None else "127.0.0.1"
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_s

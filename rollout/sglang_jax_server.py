@@ -47,7 +47,7 @@ class SglangJaxBackend(ServerProcess):
         cmd = [
             # -P: keep rollout/ off sys.path (the entry puts the repo root there and imports `rollout.*` as a package).
             str(c.interpreter), "-P", str(ENTRY), "--model", str(self.model_path), "--workdir", str(self.workdir),
-            "--host", c.host, "--port", str(port), "--served-model-name", c.served_model_name,
+            "--host", self.bind_host, "--port", str(port), "--served-model-name", c.served_model_name,
             "--device", c.platform, "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
             "--max-total-tokens", str(c.max_total_tokens), "--max-running-requests", str(c.max_running_requests),
             "--page-size", str(c.page_size), "--max-logprobs", str(c.max_logprobs),

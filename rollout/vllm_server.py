@@ -58,7 +58,7 @@ class VllmBackend(ServerProcess):
         c = self.cfg
         cmd = [
             str(c.interpreter), "-I", str(LAUNCHER), "-m", SERVER_MODULE, "--model", str(self.model_path),
-            "--served-model-name", c.served_model_name, "--host", c.host, "--port", str(port),
+            "--served-model-name", c.served_model_name, "--host", self.bind_host, "--port", str(port),
             "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
             "--gpu-memory-utilization", str(c.gpu_memory_utilization),
             "--tensor-parallel-size", str(c.tensor_parallel_size),

@@ -5,6 +5,7 @@ are randomised first (B = 0 at init would make any export pass)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,8 +27,8 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     keys = iter(jax.random.split(jax.random.key(0), 1000))
     learner.params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), learner.params)
 
-    adapter = learner.export_lora(tmp_path / "adapter")
-    merged = learner.export_merged(tmp_path / "merged")
+    adapter = Path(learner.export_lora(tmp_path / "adapter"))
+    merged = Path(learner.export_merged(tmp_path / "merged"))
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and len(config["target_modules"]) == 7
     tensors = load_file(str(adapter / "adapter_model.safetensors"))

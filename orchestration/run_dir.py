@@ -1,0 +1,104 @@
+"""`RunDir`: where a run writes (a local folder or shared storage such as `gs://bucket/runs/x`) and the driver's
+working copy of its own files.
+
+The parts write straight to the run dir, wherever they run: the learner its Orbax checkpoints and the final adapter
+(learner/, through storage/uri.py). The driver's own files (config.yaml, metrics.jsonl, samples.jsonl, train.log,
+summary.json, plots, TensorBoard and wandb folders) are written to a local folder first, as the libraries writing
+them need (appends, event files), and copied to the URI as they change: metrics and samples after every row, the
+rest at the end. On a local run dir the two are one folder and nothing is copied.
+
+A local run dir on a Ray cluster of several nodes is refused (`check_shared`): the learner may run on another host
+and write its checkpoints where the driver (and a resumed learner elsewhere) cannot read them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from storage.uri import absolute, download, exists, is_uri, join, list_names, upload
+
+log = logging.getLogger(__name__)
+
+DRIVER_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "train.log", "saved.json", "summary.json", "plots",
+                "tb", "wandb")
+RESUMED_FILES = ("metrics.jsonl", "samples.jsonl", "train.log", "saved.json")  # what a resumed driver appends to
+CHECKPOINTS = "checkpoints"
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot serve this run (a local path on several hosts, a resume that cannot see its
+    checkpoint); the message is one line that says what to change."""
+
+
+class RunDir:
+    """A run's directory: `uri` (local path or URI), `local` (the driver's copy), `path()` for what parts write."""
+
+    def __init__(self, uri: str | Path):
+        self.uri = absolute(uri)
+        self.remote = is_uri(self.uri)
+        self.local = Path(tempfile.mkdtemp(prefix="aha-run-")) if self.remote else Path(self.uri)
+        self.local.mkdir(parents=True, exist_ok=True)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def path(self, *names: str) -> str:
+        """`uri/names...`: where a part on any host writes (checkpoints, the adapter)."""
+        return join(self.uri, *names)
+
+    def sync(self, *names: str) -> None:
+        """Copy the driver's files `names` (files or folders under `local`) to the URI; no-op for a local run dir."""
+        if not self.remote:
+            return
+        for name in names:
+            if (self.local / name).exists():
+                upload(self.local / name, self.path(name))
+
+    def sync_all(self) -> None:
+        """Copy every driver file to the URI (end of a run, or a run that stopped)."""
+        self.sync(*DRIVER_FILES)
+
+    def pull(self) -> None:
+        """Fetch the driver files a resumed run appends to (metrics, samples, its log) from the URI."""
+        if self.remote:
+            for name in RESUMED_FILES:
+                download(self.path(name), self.local / name)
+
+    def note_saved(self, step: int) -> None:
+        """Record that checkpoint `step` is saved: a resume whose learner cannot find it is then an error."""
+        (self.local / "saved.json").write_text(json.dumps({"step": step, "checkpoints": self.path(CHECKPOINTS)}))
+        self.sync("saved.json")
+
+    def expected_checkpoint(self) -> int | None:
+        """The newest checkpoint this run saved, by the driver's record or by what the driver sees; None if none."""
+        steps = []
+        if (self.local / "saved.json").exists():
+            steps.append(int(json.loads((self.local / "saved.json").read_text())["step"]))
+        for name in list_names(self.path(CHECKPOINTS)):
+            # A checkpoint on storage is complete once Orbax wrote its commit file (locally: once renamed).
+            if name.isdigit() and (not self.remote or exists(self.path(CHECKPOINTS, name, "commit_success.txt"))):
+                steps.append(int(name))
+        return max(steps) if steps else None
+
+
+def local_copy(run: str) -> Path:
+    """A local folder with a run's config.yaml and final adapter: the run dir itself, or, for a run on shared
+    storage, a fresh copy of those (what `orchestration.serve` starts an engine from)."""
+    if not is_uri(run):
+        return Path(run)
+    local = Path(tempfile.mkdtemp(prefix="aha-run-"))
+    for name in ("config.yaml", "summary.json", "adapter"):
+        download(join(run, name), local / name)
+    return local
+
+
+def check_shared(run_dir: RunDir, shared: bool, nodes: int) -> None:
+    """Refuse a local run dir on a cluster of several nodes unless the config says every node mounts it."""
+    if nodes > 1 and not run_dir.remote and not shared:
+        raise RunDirError(f"run dir {run_dir} is a local path, but this Ray cluster has {nodes} nodes and the learner "
+                          "may write its checkpoints on another host; use storage every host reads (--run-dir "
+                          "gs://bucket/path) or, if that path is a shared mount on every node, set "
+                          "train.run_dir_shared: true")
