@@ -88,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     except KeyboardInterrupt as exc:
         exc = signals.interrupted(exc)
+        backend.stop()  # first, so the line below is the last one and true
         print(f"serve: stopped (interrupted by {exc.name}); the engine is shut down", file=sys.stderr)
         return exc.exit_code()
     finally:
-        backend.stop()
+        backend.stop()  # idempotent
 
 
 if __name__ == "__main__":

