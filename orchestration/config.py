@@ -245,6 +245,9 @@ class RunConfig(Strict):
         if e.every and e.prompts > self.data.eval_size:
             raise ValueError(f"eval.prompts ({e.prompts}) exceeds data.eval_size ({self.data.eval_size}); "
                              "lower eval.prompts or raise data.eval_size")
+        d = self.data
+        if e.every and d.task == "dataset" and not d.eval_path and not d.eval_fraction:
+            raise ValueError("eval.every needs held-out rows: set data.eval_fraction (e.g. 0.05) or data.eval_path")
         temperature = self.rollout.sampling.temperature if e.temperature is None else e.temperature
         if e.every and e.k > 1 and temperature == 0:
             raise ValueError(f"eval.k ({e.k}) > 1 at temperature 0 gives identical greedy samples; set eval.k: 1")

@@ -105,12 +105,12 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
 
     cfg = job.cfg
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-    rewards = setup_rewards(cfg.rewards)
+    rewards = setup_rewards(cfg.rewards)  # before Ray: a reward that does not import fails in seconds
     phases = ["base"] + (["trained"] if job.adapter_dir else [])
     scores = {}
-    ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
-    signals.install()  # ray.init put its own SIGTERM handler in place (Ray's C++ one aborts the process)
     try:
+        ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
+        signals.install()  # ray.init put its own SIGTERM handler in place (Ray's C++ one aborts the process)
         part = part_config(cfg.rollout, RolloutConfig)
         with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:
             for phase in phases:
@@ -120,6 +120,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                           file=sys.stderr, dynamic_ncols=True) as bar:
                     scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update)
     finally:
+        rewards.close()
         ray.shutdown()
     return scores
 
@@ -133,7 +134,7 @@ def summarize_policy(s, seed: int) -> tuple[dict, dict[str, np.ndarray]]:
     else:
         per_prompt = {"reward_mean": s.totals.mean(axis=1)}
     out["reward_mean"] = stats.bootstrap_mean(per_prompt["reward_mean"], seed=seed).as_dict()
-    out.update({f"reward/{n}": float(v.mean()) for n, v in s.per_name.items()})
+    out.update({f"reward/{n}": float(np.nanmean(v)) for n, v in s.per_name.items() if not np.isnan(v).all()})
     out["completion_len_mean"] = float(s.lengths.mean())
     out["examples"] = [group[0] for group in s.texts[:3]]
     return out, per_prompt

@@ -2,8 +2,9 @@
 
 A prompt is in the eval split by a hash of its content (tasks), so the eval prompts of *any*
 `data.seed` are held out from the training prompts of every seed: `--seed` draws other held-out prompts.
-A sample counts as solved when its task reward (countdown or math_answer) is at least 1.0, the score of a right
-answer; format and repetition rewards never make a sample "solved".
+A sample counts as solved when its task reward (rewards.solved_by, else countdown or math_answer) is at least 1.0,
+the score of a right answer; format and repetition rewards never make a sample "solved". For `data.task: dataset`
+the held-out rows are data.eval_path's or the data.eval_fraction held out of data.path (tasks/row_prompts.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import numpy as np
 from tasks import DataConfig, Prompt, setup_dataset
 from rollout.sampling import SamplingParams
 
-TASK_REWARDS = ("countdown", "math_answer")
 CHUNK_PROMPTS = 16
 """Prompts per generate call: big enough to keep the engine's batch full, small enough for a moving progress bar."""
 
@@ -27,9 +27,12 @@ def eval_prompts(data: DataConfig, limit: int, seed: int | None = None) -> list[
         data = data.model_copy(update={"seed": seed})
     prompts = setup_dataset(data, "eval")
     if limit > len(prompts):
+        if data.task == "dataset" and len(prompts) < data.eval_size:
+            raise ValueError(f"{limit} eval prompts asked but the held-out split has {len(prompts)} rows; ask for "
+                             "fewer, or hold out more (data.eval_fraction, or a bigger data.eval_path)")
         raise ValueError(f"{limit} eval prompts asked but data.eval_size is {data.eval_size}; "
                          f"raise data.eval_size (e.g. data.eval_size={limit}) or ask for fewer")
-    return prompts[:limit]
+    return list(prompts[:limit])
 
 
 def eval_sampling(base: SamplingParams, k: int, temperature: float | None = None,
@@ -51,6 +54,7 @@ class PolicyScores:
 
     totals: np.ndarray
     per_name: dict[str, np.ndarray]
+    """NaN where a user's reward returned None."""
     lengths: np.ndarray
     texts: list[list[str]]
     task: str | None
@@ -79,13 +83,13 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
         if on_progress is not None:
             on_progress(len(chunk))
     texts = [renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
-    samples = [Sample(text, renderer.turn(p, c.text), p.reference) for p, text, g in zip(prompts, texts, groups)
-               for c in g]
-    result = rewards.score(samples)
+    samples = [Sample(text, renderer.turn(p, c.text), p.reference, c.token_ids, p.as_data)
+               for p, text, g in zip(prompts, texts, groups) for c in g]
+    result = rewards.score(samples, [len(g) for g in groups])
     shape = (len(prompts), k)
     per_name = {n: np.asarray(v, dtype=np.float64).reshape(shape) for n, v in result.per_name.items()}
     return PolicyScores(
         totals=np.asarray(result.totals, dtype=np.float64).reshape(shape), per_name=per_name,
         lengths=np.asarray([len(c.token_ids) for g in groups for c in g]).reshape(shape),
         texts=[[c.text for c in g] for g in groups],
-        task=next((n for n in TASK_REWARDS if n in per_name), None))
+        task=rewards.solved_by)

@@ -52,9 +52,10 @@ def maybe_eval(cfg: RunConfig, parts: Parts, step: int) -> dict[str, float] | No
         for key, iv in stats.solved_intervals(scores.solved).items():
             metrics.update({f"eval/{key}": iv.value, f"eval/{key}_low": iv.low, f"eval/{key}_high": iv.high})
     else:
-        log.warning("eval at step %d: no task reward (%s) in the config, so no accuracy; logging eval/reward only",
-                    step, "/".join(("countdown", "math_answer")))
-    metrics.update({f"eval/reward_{n}": float(np.mean(v)) for n, v in scores.per_name.items()})
+        log.warning("eval at step %d: no task reward (countdown, math_answer or rewards.solved_by) in the config, so "
+                    "no accuracy; logging eval/reward only", step)
+    metrics.update({f"eval/reward_{n}": float(np.nanmean(v)) for n, v in scores.per_name.items()
+                    if not np.isnan(v).all()})
     metrics["timing/eval"] = time.perf_counter() - t0
     parts.metrics.log_eval(step, metrics)
     return metrics

@@ -39,7 +39,7 @@ from orchestration.metrics import MetricsLog
 from orchestration.run_dir import RunDir
 from tasks.render import PromptRenderer
 from rewards.registry import RewardSet
-from rewards.types import Sample
+from rewards.types import Sample, TrainingProgress
 from rollout.capabilities import engine_caps
 from rollout.handle import Rollout
 from rollout.sampling import Completion
@@ -105,9 +105,11 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook
     fault("score", step)
     t0 = time.perf_counter()
     texts = [parts.renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
-    samples = [Sample(prompt=text, completion=parts.renderer.turn(p, c.text), reference=p.reference)
+    samples = [Sample(prompt=text, completion=parts.renderer.turn(p, c.text), reference=p.reference,
+                      completion_ids=c.token_ids, raw_prompt=p.as_data)
                for p, text, group in zip(prompts, texts, completions) for c in group]
-    result = parts.rewards.score(samples)
+    # A user's reward (rewards by import path) is called once per prompt's group, with the run's progress.
+    result = parts.rewards.score(samples, [len(g) for g in completions], TrainingProgress(step - 1, cfg.train.steps))
     t_score = time.perf_counter() - t0
     for line in result.errors:
         log.error("step %d: %s", step, line)
@@ -116,8 +118,10 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook
     metrics = {
         "reward/total": float(np.mean(result.totals)),
         "reward/total_std": float(np.std(result.totals)),
-        **{f"reward/{name}": float(np.mean(vals)) for name, vals in result.per_name.items()},
+        **{f"reward/{name}": value for name, value in result.means().items()},
+        **{f"reward/{key}": value for key, value in result.metrics.items()},  # user rewards' log_metric
         "reward/errors": len(result.errors),
+        **{f"reward/errors/{kind}": count for kind, count in result.failures.items()},
         "rollout/completion_len_mean": float(lengths.mean()),
         "rollout/completion_len_max": int(lengths.max()),
         "rollout/truncated_frac": float(np.mean([c.finish_reason == "length" for c in flat])),

@@ -39,7 +39,8 @@ def write_plots(rows: list[dict], out_dir: Path) -> list[Path]:
 
 
 def _plot_rewards(ax, rows: list[dict]) -> None:
-    reward_keys = sorted({k for r in rows for k in r if k.startswith("reward/")} - {"reward/total_std", "reward/errors"})
+    reward_keys = sorted({k for r in rows for k in r if k.startswith("reward/") and not k.startswith("reward/errors")}
+                         - {"reward/total_std"})  # failure counts are no rewards
     for key in reward_keys:
         steps, vals = _series(rows, key)
         ax.plot(steps, vals, label=key.split("/", 1)[1], linewidth=2.5 if key == "reward/total" else 1.2)

@@ -132,10 +132,11 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 def run(cfg: RunConfig, run_dir: RunDir) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
-    prompts = setup_dataset(cfg.data, "train")  # a data config error (DatasetTooSmall) too: in seconds, not minutes
-    started_cluster = False
+    prompts = setup_dataset(cfg.data, "train")  # a data config error (DataError) too: in seconds, not minutes
+    rewards = setup_rewards(cfg.rewards)  # a reward by import path that does not import, too
     rollout = None
     parts = state = None
+    started_cluster = False
     try:
         started_cluster = cluster.connect(cfg)
         signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
@@ -143,7 +144,7 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         learner = cluster.start_learner(cfg, run_dir.path(CHECKPOINTS))
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(None, learner, setup_rewards(cfg.rewards), stream, renderer,  # type: ignore[arg-type]
+        parts = Parts(None, learner, rewards, stream, renderer,  # type: ignore[arg-type]
                       None, run_dir)
         # Restored before any engine starts: a resume that cannot see its checkpoint fails in seconds, rows intact.
         step, extra = restore_learner(parts)
@@ -175,6 +176,7 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
             parts.metrics.close()
         if rollout is not None:
             rollout.stop()
+        rewards.close()
         run_dir.sync_all()
         if started_cluster:
             ray.shutdown()

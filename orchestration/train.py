@@ -90,9 +90,10 @@ def _main(argv: list[str] | None) -> int:
     run_dir.sync("config.yaml")
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir)
-    from tasks import DatasetTooSmall
+    from tasks import DataError
     from orchestration.loop import LearnerDied
     from orchestration.resources import ResourceError
+    from rewards.pool import RewardImportError
     from orchestration.run import run  # imports Ray, the learner and the engine client
 
     try:
@@ -107,7 +108,10 @@ def _main(argv: list[str] | None) -> int:
     except RunDirError as err:  # a run dir the run's hosts cannot share, or a checkpoint the learner cannot see
         print(f"run dir error: {err}", file=sys.stderr)
         return 2
-    except DatasetTooSmall as err:  # raised before any cluster starts
+    except DataError as err:  # a data file or data config the run cannot use: before any cluster starts, or a bad row
+        print(error_report(err), file=sys.stderr)
+        return 2
+    except RewardImportError as err:  # a reward by import path that does not load: before any cluster starts
         print(error_report(err), file=sys.stderr)
         return 2
     return 0

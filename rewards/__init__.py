@@ -1,9 +1,10 @@
-"""Verifiable rewards for GRPO: pure, picklable scorers of hostile model output (no jax, torch or vllm here)."""
+"""Verifiable rewards for GRPO: pure, picklable scorers of hostile model output (no jax, torch or vllm here), and the
+sandboxed worker pool that runs a user's own reward functions (TRL's signature) by import path."""
 
 from rewards.config import RewardsConfig, RewardTerm
 from rewards.catalog import REWARDS
 from rewards.registry import RewardResult, RewardSet, score_batch, setup_rewards
-from rewards.types import RewardFn, Sample
+from rewards.types import RewardFn, Sample, TrainingProgress
 
 __all__ = [
     "REWARDS",
@@ -13,6 +14,7 @@ __all__ = [
     "RewardTerm",
     "RewardsConfig",
     "Sample",
+    "TrainingProgress",
     "score_batch",
     "setup_rewards",
 ]

@@ -6,18 +6,22 @@ Everything is made locally and deterministically from the config (nothing is dow
   solution; intermediate values stay positive integers, as in the game.
 - Math: a few GSM8K-style word-problem templates with exact integer answers, small enough for CPU runs; or the
   real GSM8K JSONL (`question`, `answer` ending in `#### N`) from a local path.
+- Dataset: the user's own rows (JSONL, Parquet or a `datasets` save_to_disk folder), read lazily row by row.
 Train and eval never overlap: a puzzle's split is fixed by a hash of its content, not by the order of drawing.
 Prompts are kept short because on the CPU demo every prompt token costs rollout time.
 
-Only the standard library and pydantic are imported: the driver and any Ray worker can import this cheaply.
+Only the standard library and pydantic are imported (numpy, pyarrow, datasets only once a data file is opened): the
+driver and any Ray worker can import this cheaply.
 
 One module per job: `config` (DataConfig), `templates` (prompt texts and rendering), `generators` (Countdown
 puzzles, word problems), `gsm8k` (the JSONL loader), `dataset` (Prompt, the hash-split draw, setup_dataset),
-`stream` (PromptStream), `render` (PromptRenderer: chat template and token ids).
+`rows` (random access to JSONL, Parquet and save_to_disk rows), `row_prompts` (a data file's rows as prompts, its
+held-out split), `errors` (DataError), `stream` (PromptStream), `render` (PromptRenderer: chat template, token ids).
 """
 
 from tasks.config import DataConfig
-from tasks.dataset import DatasetTooSmall, Prompt, setup_dataset
+from tasks.dataset import Prompt, setup_dataset
+from tasks.errors import DataError, DatasetTooSmall
 from tasks.stream import PromptStream
 
-__all__ = ["DataConfig", "DatasetTooSmall", "Prompt", "PromptStream", "setup_dataset"]
+__all__ = ["DataConfig", "DataError", "DatasetTooSmall", "Prompt", "PromptStream", "setup_dataset"]

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tasks.config import DataConfig
+from tasks.errors import DatasetTooSmall
 from tasks.generators import countdown_puzzle, word_problem
 from tasks.gsm8k import gsm8k_rows
 from tasks.templates import COUNTDOWN_USER, MATH_USER, render
 
 EVAL_BUCKETS = 10
 """One content hash bucket in this many belongs to eval; the rest to train."""
+GENERATED_TRAIN_SIZE = 10000
+"""Train puzzles or problems a generator makes when data.train_size is not set."""
 
 
 @dataclass(frozen=True)
@@ -24,26 +27,37 @@ class Prompt:
     uid: str
     """Stable id, e.g. "countdown-train-000123"."""
     task: str
-    """"countdown" | "math"."""
-    messages: tuple[dict[str, str], ...] | None
+    """"countdown" | "math" | "dataset"."""
+    messages: tuple[dict[str, Any], ...] | None
     """Chat template input (role/content) when the template is chat."""
     text: str | None
     """Raw prompt text when the template is base."""
     reference: dict[str, Any]
-    """countdown {"numbers", "target", "solution"}; math {"answer"}."""
+    """What the rewards read: countdown {"numbers", "target", "solution"}; math {"answer"}; dataset: the row's other
+    columns."""
+    raw: Any = None
+    """The prompt as the data row holds it (text, or a list of chat messages), which a reward by import path gets as
+    TRL's `prompts`; None: the rendered messages or text (generated tasks)."""
+
+    @property
+    def as_data(self) -> Any:
+        """The prompt in TRL's terms: the row's text or message list, else the rendered messages or text."""
+        if self.raw is not None:
+            return self.raw
+        return [dict(m) for m in self.messages] if self.messages is not None else self.text
 
 
-class DatasetTooSmall(ValueError):
-    """The config asks a split for more distinct items than its generator makes: a config error, said in one line."""
-
-
-def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> list[Prompt]:
-    """The prompts of one split; deterministic given cfg."""
+def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> Sequence[Prompt]:
+    """The prompts of one split; deterministic given cfg. A dataset file's prompts are read lazily (RowPrompts)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    size = cfg.train_size if split == "train" else cfg.eval_size
+    if cfg.task == "dataset":
+        from tasks.row_prompts import dataset_prompts
+
+        return dataset_prompts(cfg, split)
+    size = (cfg.train_size or GENERATED_TRAIN_SIZE) if split == "train" else cfg.eval_size
     if cfg.task == "gsm8k":
-        task, rows = "math", gsm8k_rows(cfg, split)[:size]
+        task, rows = "math", gsm8k_rows(cfg, split)[: cfg.train_size if split == "train" else size]
     elif cfg.task == "math":
         task, rows = "math", draw(word_problem, cfg, split, size, key=lambda r: r[0])
     else:

@@ -1,0 +1,148 @@
+"""One reward worker process: `python -m rewards.worker FD DRIVER_PID`, started and fed by rewards/pool.py.
+
+It imports the user's reward functions and runs one call at a time, with TRL's signature
+`f(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, **columns)`. A user's scorer of
+hostile model output may raise, hang, exit or eat memory; here that costs this process only:
+- its data segment is capped (RLIMIT_DATA = rewards.pool.memory_mb), so runaway allocation raises MemoryError here;
+- it dies with the driver (PR_SET_PDEATHSIG), even when a call holds the GIL in C code (a catastrophic regex);
+- its replies are JSON (numbers, None, short strings): the driver never unpickles what user code could shape;
+- stdout goes to stderr, so a stray print lands in the run's log, and SIGINT is ignored (the driver owns Ctrl-C).
+The driver enforces the per-call timeout by killing the process group, and replaces a worker that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import inspect
+import json
+import math
+import numbers
+import os
+import resource
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+MAX_MESSAGE_CHARS = 300
+
+
+def main() -> None:
+    conn = Connection(int(sys.argv[1]))
+    _die_with_parent(int(sys.argv[2]))
+    os.dup2(2, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        serve(conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the pool closed (or gave up on this worker): done
+        return
+
+
+def serve(conn: Connection) -> None:
+    """Import the functions, say so, then answer calls until the pool closes the pipe."""
+    init = conn.recv()
+    limit = init["memory_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    sys.path[:0] = [p for p in init["sys_path"] if p not in sys.path]
+    fns = {}
+    for index, path in init["fns"].items():
+        try:
+            fns[index] = load(path)
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver as a config error, whatever it is
+            conn.send_bytes(_reply(import_error=index, message=_describe(exc)))
+            return
+    conn.send_bytes(_reply(ready=True))
+    while True:
+        call_id, index, kwargs = conn.recv()
+        reply, fatal = run_call(fns[index], kwargs)
+        conn.send_bytes(_reply(id=call_id, **reply))
+        if fatal:  # after a MemoryError the process may be half-broken: let the pool start a fresh one
+            return
+
+
+def load(path: str) -> Any:
+    """The object at `package.module:attr.attr`."""
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def run_call(fn, kwargs: dict) -> tuple[dict, bool]:
+    """({"values": [...], "metrics": {...}} or {"kind": ..., "message": ...}, whether the process must end)."""
+    size = len(kwargs["completions"])
+    logged: dict[str, list[float]] = {}
+
+    def log_metric(name: str, value: float) -> None:
+        logged.setdefault(str(name)[:64], []).append(float(value))
+
+    def log_extra(column: str, values: list) -> None:  # TRL's completions-table column: aha keeps no such table
+        return None
+
+    try:
+        out = fn(**kwargs, log_metric=log_metric, log_extra=log_extra)
+        if inspect.isawaitable(out):
+            out = asyncio.run(_wait(out))
+        values, problem = check_values(out, size)
+    except MemoryError:
+        return {"kind": "memory", "message": "MemoryError (rewards.pool.memory_mb reached)"}, True
+    except Exception as exc:  # noqa: BLE001 - a buggy scorer is reported per call; SystemExit ends the process
+        return {"kind": "raised", "message": _describe(exc)}, False
+    if problem:
+        return {"kind": "invalid", "message": problem}, False
+    metrics = {name: sum(v) / len(v) for name, v in logged.items() if all(math.isfinite(x) for x in v)}
+    return {"values": values, "metrics": metrics}, False
+
+
+async def _wait(awaitable):
+    return await awaitable
+
+
+def check_values(out: Any, size: int) -> tuple[list[float | None], str | None]:
+    """The call's rewards as floats or None; NaN counts as None, as TRL's nansum treats it. Else a problem line."""
+    if not isinstance(out, (list, tuple)):
+        return [], f"returned {type(out).__name__}, not a list of {size} floats"
+    if len(out) != size:
+        return [], f"returned {len(out)} values for {size} completions"
+    values: list[float | None] = []
+    for i, value in enumerate(out):
+        if value is None:
+            values.append(None)
+            continue
+        if not isinstance(value, numbers.Real):
+            return [], f"value {i} is {type(value).__name__} {str(value)[:40]!r}, not a number or None"
+        value = float(value)
+        if math.isinf(value):
+            return [], f"value {i} is {value}"
+        values.append(None if math.isnan(value) else value)
+    return values, None
+
+
+def _describe(exc: BaseException) -> str:
+    return repr(exc)[:MAX_MESSAGE_CHARS]
+
+
+def _reply(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def _die_with_parent(driver_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the driver dies (PR_SET_PDEATHSIG); Linux only, else a no-op.
+
+    The signal follows the driver *thread* that started the worker: the pool must live in a thread that outlives
+    it (the driver's main thread does)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != driver_pid:  # the driver died before prctl took effect
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

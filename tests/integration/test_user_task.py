@@ -1,0 +1,117 @@
+"""Your own task, for real: the documented example (a JSONL file and rewards by import path) trained end to end on
+the tiny model, with hostile rewards beside it; and a reward module found through a Ray runtime_env working_dir.
+
+One training run (`python -m orchestration.train` in a subprocess: its own Ray cluster, the vLLM server, the JAX
+learner, the reward pool). Assertions read metrics.jsonl and samples.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import ray
+
+from orchestration.config import load_config
+from orchestration.metrics import read_metrics
+from tasks import PromptStream, setup_dataset
+from tasks.render import PromptRenderer
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "your_own_task_smollm2_cpu.yaml"
+HOSTILE = '''
+import os
+
+def raises(prompts, completions, **kwargs):
+    raise ValueError("scorer bug")
+
+def exits(prompts, completions, **kwargs):
+    os._exit(3)
+'''
+EXAMPLE = "examples.your_own_task.my_rewards"
+TERMS = (f'rewards.terms=[{{fn: "{EXAMPLE}:correct_answer"}}, {{fn: "{EXAMPLE}:brevity", weight: 0.5, '
+         'params: {max_chars: 8}}, {fn: "hostile_rewards:raises"}, {fn: "hostile_rewards:exits"}]')
+STEPS = 3
+TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "train.prompts_per_step=2", f"train.steps={STEPS}",
+        "learner.grpo.micro_batch_size=8", "eval.every=2", "eval.prompts=4", "eval.k=2", TERMS]
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """The example config on tiny-llama, its reward list plus two hostile rewards from a PYTHONPATH module."""
+    root = tmp_path_factory.mktemp("user")
+    (root / "modules").mkdir()
+    (root / "modules" / "hostile_rewards.py").write_text(HOSTILE)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
+    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(root / "modules"))
+    run_dir = root / "run"
+    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--config", str(CONFIG), "--run-dir",
+                           str(run_dir), *TINY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return run_dir
+
+
+def test_a_jsonl_file_and_rewards_by_import_path_train_end_to_end(user_run) -> None:
+    rows = read_metrics(user_run)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for row in rows:
+        for key in ("reward/correct_answer", "reward/brevity", "reward/total", "learner/loss"):
+            assert math.isfinite(row[key]), f"step {row['step']}: {key} = {row[key]}"
+        assert -1.0 <= row["reward/brevity"] <= 0.0 and 0.0 <= row["reward/correct_answer"] <= 1.0
+    # The prompts are the file's rows, drawn in the order the stream gives: the data position the checkpoint keeps.
+    cfg = load_config(user_run / "config.yaml")
+    stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
+    renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
+    drawn = [json.loads(line)["prompt"] for line in (user_run / "samples.jsonl").read_text().splitlines()]
+    assert drawn == [renderer.text(stream.next_batch()[0]) for _ in range(STEPS)]
+    assert "Reply with the number only." in drawn[0] and "What is" in drawn[0]
+
+
+def test_hostile_rewards_are_counted_in_the_metrics_while_the_run_goes_on(user_run) -> None:
+    for row in read_metrics(user_run):
+        groups = 2  # train.prompts_per_step: one call per prompt's group
+        assert row["reward/errors/raised"] == groups and row["reward/errors/crash"] == groups, row
+        assert row["reward/errors/timeout"] == row["reward/errors/memory"] == row["reward/errors/invalid"] == 0
+        assert row["reward/errors"] == 2 * groups
+        assert row["reward/raises"] == row["reward/exits"] == 0.0, "a failed call scores 0 (rewards.on_error: zero)"
+
+
+def test_in_loop_eval_scores_the_held_out_rows_with_the_solved_by_reward(user_run) -> None:
+    evals = [r for r in read_metrics(user_run) if "eval/reward" in r]
+    assert [r["step"] for r in evals] == [2, 3]
+    for row in evals:
+        assert 0.0 <= row["eval/accuracy"] <= 1.0 and row["eval/accuracy_low"] <= row["eval/accuracy_high"], row
+        assert math.isfinite(row["eval/reward_correct_answer"]) and math.isfinite(row["eval/reward_brevity"])
+
+
+def test_a_reward_module_in_a_ray_working_dir_loads_in_the_pool(tmp_path) -> None:
+    """`ray job submit --working-dir DIR` and a runtime_env working_dir unpack DIR as the worker's cwd: the pool
+    started there must find the user's module (it is on no other path)."""
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    (workdir / "job_rewards.py").write_text("def length(prompts, completions, **kwargs):\n"
+                                            "    return [float(len(c)) for c in completions]\n")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"working_dir": str(workdir)}, _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    try:
+        result, cwd = ray.get(_score_in_a_ray_worker.remote())
+    finally:
+        ray.shutdown()
+    assert result == {"length": [3.0, 1.0]}
+    assert Path(cwd) != workdir and (Path(cwd) / "job_rewards.py").exists(), "not run from Ray's copy of the dir"
+
+
+@ray.remote
+def _score_in_a_ray_worker() -> tuple[dict, str]:
+    from rewards import RewardsConfig, Sample, setup_rewards
+
+    with setup_rewards(RewardsConfig(terms=[{"fn": "job_rewards:length"}])) as rewards:
+        return rewards.score([Sample("p", "abc"), Sample("p", "d")]).per_name, os.getcwd()
