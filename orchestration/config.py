@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from learner.config import LearnerConfig
 from tasks import DataConfig
+from tasks.environments.config import EnvironmentConfig
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
 from rollout.capabilities import OFF, active, check_platform_resources, engine_caps, logprobs_mode
@@ -178,8 +179,11 @@ class RunConfig(Strict):
     model: ModelConfig = ModelConfig()
     rollout: RolloutSection
     learner: LearnerSection = LearnerSection()
-    rewards: RewardsConfig
+    rewards: RewardsConfig | None = None
+    """The reward terms (none: an environment's own rewards only)."""
     data: DataConfig = DataConfig()
+    environment: EnvironmentConfig | None = None
+    """A multi-turn environment: each sample is an episode of model turns and its replies (None: one completion)."""
     train: TrainConfig = TrainConfig()
     logging: LoggingConfig = LoggingConfig()
     eval: EvalConfig = EvalConfig()
@@ -246,6 +250,27 @@ class RunConfig(Strict):
         if history and learner.logprob_chunk == 0:
             raise ValueError("rollout.sampling sets penalties or min_tokens, which learner.logprob_chunk: 0 (the "
                              "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")
+        return self
+
+    @model_validator(mode="after")
+    def check_multi_turn(self) -> "RunConfig":
+        if self.environment is None:
+            if self.rewards is None:
+                raise ValueError("rewards: missing; give reward terms (or an environment, whose episodes score "
+                                 "themselves)")
+            return self
+        # The learner models history-dependent processing over one completion (learner/logprobs.py counts the
+        # completion's earlier tokens); across turns the engine's history also holds the environment's tokens.
+        s = self.rollout.sampling
+        history = {"repetition_penalty": s.repetition_penalty != 1.0, "presence_penalty": s.presence_penalty != 0.0,
+                   "frequency_penalty": s.frequency_penalty != 0.0, "min_tokens": s.min_tokens > 0}
+        if on := [name for name, active in history.items() if active]:
+            raise ValueError(f"rollout.sampling.{on[0]} is modelled by the learner for one turn only; turn it off "
+                             "for a multi-turn environment (or drop the environment)")
+        if self.environment.max_episode_tokens >= self.rollout.backend.max_model_len:
+            raise ValueError(f"environment.max_episode_tokens ({self.environment.max_episode_tokens}) leaves no room "
+                             f"for the opening in rollout.backend.max_model_len ({self.rollout.backend.max_model_len});"
+                             " lower it or raise max_model_len")
         return self
 
     @property

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +67,8 @@ class EvalJob:
     """None: base model only."""
     out_dir: Path
     seed: int
+    environment: Any = None
+    """The run's environment (None: single-turn): each sample is an episode."""
 
 
 def resolve(args: argparse.Namespace) -> EvalJob:
@@ -86,12 +89,15 @@ def resolve(args: argparse.Namespace) -> EvalJob:
         raise ConfigError(f"{adapter_dir} has no adapter; finish the run first (--resume), "
                           "or pass a config for the base model only")
     seed = cfg.data.seed if args.seed is None else args.seed
+    from orchestration.problem import run_environment
+
+    environment = run_environment(cfg)
     try:
-        prompts = eval_prompts(cfg.data, args.limit, seed)
+        prompts = eval_prompts(cfg.data, args.limit, seed, environment)
     except ValueError as err:
         raise ConfigError(f"--limit {args.limit}: {err}") from None
     out_dir = args.out or (Path("runs") / f"eval-{args.target.stem}" if is_config else args.target)
-    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed)
+    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed, environment)
 
 
 def load_adapter(adapter_dir: Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -106,13 +112,13 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tqdm import tqdm
 
     from orchestration.heldout import score_policy
+    from orchestration.problem import run_limits, run_rewards
     from tasks.render import PromptRenderer
-    from rewards.registry import setup_rewards
     from rollout.handle import Rollout
 
     cfg = job.cfg
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-    rewards = setup_rewards(cfg.rewards)
+    rewards = run_rewards(cfg)
     phases = ["base"] + (["trained"] if job.adapter_dir else [])
     scores = {}
     ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
@@ -124,7 +130,8 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                     rollout.push_lora(1, *load_adapter(job.adapter_dir))
                 with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
                           file=sys.stderr, dynamic_ncols=True) as bar:
-                    scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update)
+                    scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update,
+                                                 job.environment, run_limits(cfg))
     finally:
         ray.shutdown()
     return scores
@@ -146,7 +153,9 @@ def summarize_policy(s, seed: int) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def build_report(job: EvalJob, scores: dict, argv: list[str]) -> dict:
-    report = {"command": "python -m orchestration.eval " + " ".join(argv), "task": job.cfg.data.task,
+    env = job.cfg.environment
+    task = job.cfg.data.task if env is None else f"environment {env.name}"
+    report = {"command": "python -m orchestration.eval " + " ".join(argv), "task": task,
               "prompts": len(job.prompts), "k": job.params.n, "data_seed": job.seed, "adapter": str(job.adapter_dir),
               "sampling": job.params.model_dump(mode="json")}
     per_prompt = {}

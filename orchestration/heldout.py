@@ -3,7 +3,8 @@
 A prompt is in the eval split by a hash of its content (tasks), so the eval prompts of *any*
 `data.seed` are held out from the training prompts of every seed: `--seed` draws other held-out prompts.
 A sample counts as solved when its task reward (countdown or math_answer) is at least 1.0, the score of a right
-answer; format and repetition rewards never make a sample "solved".
+answer; format and repetition rewards never make a sample "solved". An episode of an environment without such a
+term is solved when the environment's reward is at least 1.0 (a correct final answer, a found number).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks import DataConfig, Prompt, setup_dataset
+from tasks import DataConfig, Prompt
+from tasks.environments.catalog import environment_rows
 from rollout.sampling import SamplingParams
 
 TASK_REWARDS = ("countdown", "math_answer")
@@ -21,11 +23,12 @@ CHUNK_PROMPTS = 16
 """Prompts per generate call: big enough to keep the engine's batch full, small enough for a moving progress bar."""
 
 
-def eval_prompts(data: DataConfig, limit: int, seed: int | None = None) -> list[Prompt]:
-    """The first `limit` held-out prompts for `data` (with `seed` instead of data.seed when given)."""
+def eval_prompts(data: DataConfig, limit: int, seed: int | None = None, environment=None) -> list[Prompt]:
+    """The first `limit` held-out prompts for `data` (with `seed` instead of data.seed when given); the
+    environment's own rows when it has them."""
     if seed is not None:
         data = data.model_copy(update={"seed": seed})
-    prompts = setup_dataset(data, "eval")
+    prompts = environment_rows(data, environment, "eval")
     if limit > len(prompts):
         raise ValueError(f"{limit} eval prompts asked but data.eval_size is {data.eval_size}; "
                          f"raise data.eval_size (e.g. data.eval_size={limit}) or ask for fewer")
@@ -62,8 +65,10 @@ class PolicyScores:
 
 
 def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> PolicyScores:
-    """Generate params.n samples per prompt with the adapter now on the server and score them.
+                 on_progress: Callable[[int], None] | None = None, environment=None, limits=None) -> PolicyScores:
+    """Generate params.n samples per prompt with the adapter now on the server and score them; with an
+    `environment` (and its episode `limits`), each sample is an episode (orchestration/episodes.py), its
+    environment's reward logged as `env` (and "solved" when no task reward is configured).
 
     `on_progress(prompts_done)` is called after each chunk (a progress bar's update).
     """
@@ -72,20 +77,33 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
     if not prompts:
         raise ValueError("score_policy needs at least one prompt")
     k = params.n
-    groups = []
+    groups, texts = [], []
     for start in range(0, len(prompts), CHUNK_PROMPTS):
         chunk = prompts[start : start + CHUNK_PROMPTS]
-        groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
+        if environment is None:
+            groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
+            texts.extend(renderer.text(p) for p in chunk)  # the chat template once per prompt, not per sample
+        else:
+            from orchestration.episodes import play
+
+            played = play(rollout, renderer, environment, chunk, params, limits)
+            groups.extend(g.samples for g in played)
+            texts.extend(g.text for g in played)
         if on_progress is not None:
             on_progress(len(chunk))
-    texts = [renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
-    samples = [Sample(text, renderer.turn(p, c.text), p.reference) for p, text, g in zip(prompts, texts, groups)
-               for c in g]
+    turn = (lambda p, c: renderer.assistant_prefix + c.text) if environment is not None else \
+        (lambda p, c: renderer.turn(p, c.text))
+    samples = [Sample(text, turn(p, c), p.reference) for p, text, g in zip(prompts, texts, groups) for c in g]
     result = rewards.score(samples)
     shape = (len(prompts), k)
     per_name = {n: np.asarray(v, dtype=np.float64).reshape(shape) for n, v in result.per_name.items()}
+    totals = np.asarray(result.totals, dtype=np.float64).reshape(shape)
+    model_tokens = [[len(c.token_ids) for c in g] for g in groups]
+    if environment is not None:
+        per_name["env"] = np.asarray([[c.env_reward for c in g] for g in groups], dtype=np.float64)
+        totals = totals + per_name["env"]
+        model_tokens = [[sum(c.mask) for c in g] for g in groups]
     return PolicyScores(
-        totals=np.asarray(result.totals, dtype=np.float64).reshape(shape), per_name=per_name,
-        lengths=np.asarray([len(c.token_ids) for g in groups for c in g]).reshape(shape),
+        totals=totals, per_name=per_name, lengths=np.asarray(model_tokens).reshape(shape),
         texts=[[c.text for c in g] for g in groups],
-        task=next((n for n in TASK_REWARDS if n in per_name), None))
+        task=next((n for n in (*TASK_REWARDS, "env") if n in per_name), None))

@@ -18,6 +18,7 @@ import numpy as np
 from orchestration import stats
 from tasks import DataConfig, Prompt
 from orchestration.heldout import eval_prompts, eval_sampling, score_policy
+from orchestration.problem import run_limits
 
 if TYPE_CHECKING:
     from orchestration.config import RunConfig
@@ -27,9 +28,10 @@ log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=4)
-def _prompts(data: DataConfig, limit: int) -> tuple[Prompt, ...]:
-    # Built once per run, not once per eval: the set is a pure function of the (frozen, hashable) data config.
-    return tuple(eval_prompts(data, limit))
+def _prompts(data: DataConfig, limit: int, environment=None) -> tuple[Prompt, ...]:
+    # Built once per run, not once per eval: the set is a pure function of the (frozen, hashable) data config and
+    # the run's one environment object.
+    return tuple(eval_prompts(data, limit, environment=environment))
 
 
 def is_eval_step(cfg: RunConfig, step: int) -> bool:
@@ -45,7 +47,9 @@ def maybe_eval(cfg: RunConfig, parts: Parts, step: int) -> dict[str, float] | No
     t0 = time.perf_counter()
     e = cfg.eval
     params = eval_sampling(cfg.rollout.sampling, e.k, e.temperature, e.max_tokens)
-    scores = score_policy(parts.rollout, parts.renderer, parts.rewards, _prompts(cfg.data, e.prompts), params)
+    prompts = _prompts(cfg.data, e.prompts, parts.environment)
+    scores = score_policy(parts.rollout, parts.renderer, parts.rewards, prompts, params,
+                          environment=parts.environment, limits=run_limits(cfg))
     metrics: dict[str, float] = {"eval/reward": float(scores.totals.mean()),
                                  "eval/completion_len_mean": float(scores.lengths.mean())}
     if scores.solved is not None:

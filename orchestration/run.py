@@ -17,14 +17,14 @@ import ray
 
 from orchestration import cluster, signals
 from orchestration.config import RunConfig
-from tasks import PromptStream, setup_dataset
+from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.plots import write_plots
 from tasks.render import PromptRenderer
-from rewards.registry import setup_rewards
+from orchestration.problem import run_environment, run_rewards, run_rows
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,8 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 def run(cfg: RunConfig, run_dir: Path) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
-    prompts = setup_dataset(cfg.data, "train")  # a data config error (DatasetTooSmall) too: in seconds, not minutes
+    environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
+    prompts = run_rows(cfg, environment, "train")  # a data config error (DatasetTooSmall) too: not minutes later
     started_cluster = cluster.connect(cfg)
     signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
     rollout = None
@@ -111,7 +112,7 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         rollout = cluster.start_rollout(cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
+        parts = Parts(rollout, learner, run_rewards(cfg), stream, renderer, None, environment)  # type: ignore[arg-type]
         fault.parts = parts
         state = restore(cfg, parts, run_dir)
         train_loop(cfg, parts, run_dir, state, fault)
