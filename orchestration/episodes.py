@@ -54,8 +54,8 @@ class EpisodeSample(Completion):
     turns: int = 0
     """Model turns played."""
     end: str = ""
-    """Why it ended: done, max_turns, max_tokens (episode budget), length (a turn hit rollout.sampling.max_tokens),
-    timeout or error (the environment's)."""
+    """Why it ended: done (the environment said so), max_turns, max_tokens (the episode's token budget), timeout or
+    error (the environment's). A turn cut by max_tokens still goes to the environment (finish_reason "length")."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
     """The messages after the opening, model turns included, as text (for samples.jsonl)."""
     info: dict[str, float] = field(default_factory=dict)
@@ -187,14 +187,14 @@ async def _play_episode(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: l
 
 async def _turns(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: list[int], turn: Completion,
                  seed: int | None, out: EpisodeSample, info: Counter) -> None:
-    """Append the model's turn, ask the environment, append its reply, sample the next turn; until an end."""
+    """Append the model's turn, ask the environment, append its reply, sample the next turn; until an end.
+
+    A turn cut by its max_tokens goes to the environment like any other (it reads hostile text anyway); its reply
+    then follows the template's end-of-turn token, which the environment's ids supply."""
     while True:
         _append(out, turn.token_ids, turn.logprobs, model=True)
         out.text, out.finish_reason, out.turns = turn.text, turn.finish_reason, out.turns + 1
         out.transcript.append({"role": "assistant", "content": turn.text})
-        if turn.finish_reason == "length":  # cut mid-turn: nothing for the environment to read
-            out.end = "max_tokens" if len(turn.token_ids) < ctx.params.max_tokens else "length"
-            return
         reply: Reply = await ctx.env(f"{row.uid}: step", episode.step, ModelTurn(turn.text, out.turns - 1))
         out.env_reward += float(reply.reward)
         info.update(reply.info)

@@ -30,19 +30,20 @@ class GuessingGame(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    highs: tuple[int, ...] = (8, 16, 32)
-    """Upper bounds a game is drawn with (the secret is uniform in 1..high)."""
+    highs: tuple[int, int] = (8, 64)
+    """Smallest and largest upper bound of a game: every (secret, high) with high in this range and secret in
+    1..high is a game (8..64: 2052 games, about 200 of them held out)."""
 
     @model_validator(mode="after")
     def _check(self) -> GuessingGame:
-        if not self.highs or min(self.highs) < 2:
-            raise ValueError(f"highs {self.highs}: give upper bounds >= 2")
+        if not 2 <= self.highs[0] <= self.highs[1]:
+            raise ValueError(f"highs {list(self.highs)}: give [smallest, largest] upper bound, 2 <= smallest <= largest")
         return self
 
     def rows(self, data: DataConfig, split: str) -> list[Prompt]:
         """`data.train_size` / `data.eval_size` distinct games of the split, drawn from `data.seed`."""
         size = data.train_size if split == "train" else data.eval_size
-        games = [(secret, high) for high in sorted(set(self.highs)) for secret in range(1, high + 1)
+        games = [(secret, high) for high in range(self.highs[0], self.highs[1] + 1) for secret in range(1, high + 1)
                  if is_eval(repr(("guess", secret, high))) == (split == "eval")]
         if size > len(games):
             raise DatasetTooSmall(f"data.{split}_size={size}, but the guessing game with highs {list(self.highs)} has "

@@ -62,7 +62,8 @@ def test_run_calls_answers_each_call_and_names_the_problems():
     assert run_calls(many, [CALCULATOR])[-1]["content"] == f"error: at most {MAX_CALLS} tool calls per turn"
 
 
-@pytest.mark.parametrize("hostile", ["9**9**9", "__import__('os').system('true')", "2" * 300, "(" * 60 + "1" + ")" * 60])
+@pytest.mark.parametrize("hostile", ["9**9**9", "__import__('os').system('true')", "2" * 300,
+                                     "(" * 60 + "1" + ")" * 60])
 def test_the_calculator_never_runs_model_text(hostile):
     with pytest.raises(ValueError):
         calculate(hostile)
@@ -104,7 +105,7 @@ def test_tool_countdown_stops_a_turn_after_a_call():
 
 # ---- guessing game -----------------------------------------------------------------------------------------------
 def test_guessing_game_says_higher_lower_and_ends_on_the_secret():
-    env = GuessingGame(highs=(16,))
+    env = GuessingGame(highs=(16, 16))
     episode = env.episode(Prompt("g", "guess", None, None, {"secret": 11, "high": 16}))
     assert "1 to 16" in episode.opening()[1]["content"]
     assert episode.step(ModelTurn("8", 0)).messages == [{"role": "user", "content": "Higher."}]
@@ -128,7 +129,7 @@ def test_guessing_rows_are_split_by_content_and_seeded():
 
 # ---- catalogue and config ----------------------------------------------------------------------------------------
 def test_catalogue_builds_built_ins_and_import_paths():
-    assert isinstance(setup_environment(EnvironmentConfig(name="guessing", params={"highs": [8]})), GuessingGame)
+    assert isinstance(setup_environment(EnvironmentConfig(name="guessing", params={"highs": [8, 8]})), GuessingGame)
     made = setup_environment(EnvironmentConfig(name="tasks.environments.tool_countdown:ToolCountdown"))
     assert isinstance(made, ToolCountdown)
     with pytest.raises(ValueError, match="cannot be imported"):
