@@ -149,6 +149,9 @@ def summarize_policy(s, seed: int) -> tuple[dict, dict[str, np.ndarray]]:
     out.update({f"reward/{n}": float(v.mean()) for n, v in s.per_name.items()})
     out["completion_len_mean"] = float(s.lengths.mean())
     out["examples"] = [group[0] for group in s.texts[:3]]
+    if s.episodes is not None:  # an environment's: turns, how episodes ended, its counts (e.g. tool calls)
+        out["episodes"] = s.episodes
+        out["examples"] = s.transcripts[:3]
     return out, per_prompt
 
 
@@ -172,12 +175,13 @@ def format_table(report: dict) -> str:
     lines = [f"{report['prompts']} held-out prompts x {report['k']} samples ({report['task']}, data seed "
              f"{report['data_seed']}); 95% intervals: Wilson (base, trained), paired bootstrap (difference)",
              f"{'metric':<22}" + "".join(f"{p if p != 'difference' else 'trained - base':>28}" for p in phases)]
-    for key, value in report[phases[0]].items():
-        if key == "examples":
-            continue
+    rows = {k: {p: report[p].get(k) for p in phases} for k in report[phases[0]] if k not in ("examples", "episodes")}
+    for key in report[phases[0]].get("episodes", {}):  # an environment's figures: plain means per phase
+        rows[key] = {p: report[p].get("episodes", {}).get(key) for p in phases}
+    for key, values in rows.items():
         cells = []
         for phase in phases:
-            v = report[phase].get(key)
+            v = values[phase]
             if isinstance(v, dict):
                 sign = "+" if phase == "difference" else ""
                 cells.append(f"{v['value']:{sign}.3f} [{v['low']:{sign}.3f}, {v['high']:{sign}.3f}]")

@@ -58,6 +58,10 @@ class PolicyScores:
     texts: list[list[str]]
     task: str | None
     """The task reward that defines "solved" (None when the config has no task reward)."""
+    episodes: dict[str, float] | None = None
+    """An environment's episode figures (orchestration.episodes.episode_metrics: turns, ends, tool calls, ...)."""
+    transcripts: list[list[dict]] | None = None
+    """Each prompt's first episode, message by message (None: single-turn)."""
 
     @property
     def solved(self) -> np.ndarray | None:
@@ -99,11 +103,17 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
     per_name = {n: np.asarray(v, dtype=np.float64).reshape(shape) for n, v in result.per_name.items()}
     totals = np.asarray(result.totals, dtype=np.float64).reshape(shape)
     model_tokens = [[len(c.token_ids) for c in g] for g in groups]
+    episodes = transcripts = None
     if environment is not None:
+        from orchestration.episodes import episode_metrics
+
         per_name["env"] = np.asarray([[c.env_reward for c in g] for g in groups], dtype=np.float64)
         totals = totals + per_name["env"]
         model_tokens = [[sum(c.mask) for c in g] for g in groups]
+        episodes = episode_metrics([c for g in groups for c in g])
+        transcripts = [g[0].transcript for g in groups]
     return PolicyScores(
         totals=totals, per_name=per_name, lengths=np.asarray(model_tokens).reshape(shape),
         texts=[[c.text for c in g] for g in groups],
-        task=next((n for n in (*TASK_REWARDS, "env") if n in per_name), None))
+        task=next((n for n in (*TASK_REWARDS, "env") if n in per_name), None), episodes=episodes,
+        transcripts=transcripts)
