@@ -94,14 +94,15 @@ def copy(tree):
 
 
 def step_from(learner: Learner, params, batch: TrainBatch) -> tuple[dict, dict]:
-    """(metrics, updated params) of one learner step from `params`, leaving the learner's params as they were."""
-    kept = copy(learner.params)
+    """(metrics, updated params) of one learner step from `params` and the learner's optimizer state, leaving both
+    as they were (so every call is a first update from the same state)."""
+    kept, opt_state = copy(learner.params), copy(learner.opt_state)
     try:
         learner.params = copy(params)
         metrics = learner.step(batch)
         return metrics, copy(learner.params)
     finally:
-        learner.params = kept
+        learner.params, learner.opt_state = kept, opt_state
 
 
 def segments(s: EpisodeSample) -> list[tuple[bool, list[int]]]:
