@@ -4,6 +4,11 @@ Sequences are prompt + completion, right-padded to a multiple of `bucket` tokens
 distinct shapes. Arrays are laid out for next-token prediction: position t predicts token t+1, so
 `targets[:, t] = tokens[:, t + 1]` and the completion mask, engine logprobs and advantages sit at the position
 that *predicts* each completion token. Loss is only ever taken on completion tokens.
+
+A multi-turn episode's completion interleaves the model's sampled turns with tokens the environment appended (tool
+results, user messages, the chat template between turns). `TrainBatch.completion_mask` marks which is which, and
+`pack` zeroes `loss_mask` at environment tokens: the model did not sample them, so they are context for the later
+turns but carry no loss, no importance ratio and no metric (every one of those is weighted by `loss_mask`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ class TrainBatch:
     rewards: np.ndarray  # [B]
     group_ids: np.ndarray  # [B]; samples of one prompt share an id
     sampling: SamplingTransform = SamplingTransform()  # what the engine sampled from (see learner/sampling.py)
+    completion_mask: list[list[int]] | None = None
+    """Per completion token: 1 = sampled by the model (trained on), 0 = appended by an environment (context only; its
+    engine logprob is a placeholder). None: every completion token is the model's (single-turn)."""
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -45,6 +53,13 @@ class TrainBatch:
                 )
             if not self.prompt_ids[i]:
                 raise ValueError(f"TrainBatch sample {i} has an empty prompt: the first completion token needs context")
+        if self.completion_mask is not None:
+            if len(self.completion_mask) != n:
+                raise ValueError(f"TrainBatch has {n} samples but {len(self.completion_mask)} completion masks")
+            for i, (c, m) in enumerate(zip(self.completion_ids, self.completion_mask)):
+                if len(m) != len(c):
+                    raise ValueError(f"TrainBatch sample {i}: {len(c)} completion tokens but a mask of {len(m)}; "
+                                     "give one 0/1 per completion token")
         if self.sampling.temperature <= 0:
             raise ValueError(f"TrainBatch.sampling.temperature={self.sampling.temperature}: greedy samples have no "
                              "usable logprobs; sample with T > 0")
@@ -60,7 +75,7 @@ class PackedBatch:
     tokens: np.ndarray  # int32 [B, L] input tokens
     targets: np.ndarray  # int32 [B, L] tokens[t + 1] (0 past the end)
     valid: np.ndarray  # bool [B, L] real (non-pad) input positions
-    loss_mask: np.ndarray  # float32 [B, L] 1 where targets[t] is a completion token
+    loss_mask: np.ndarray  # float32 [B, L] 1 where targets[t] is a completion token the model sampled
     engine_logprobs: np.ndarray  # float32 [B, L] engine logprob of targets[t] (0 where masked)
     advantages: np.ndarray  # float32 [B] per-sequence advantage
     window: np.ndarray  # int32 [B, W]: position predicting completion token j (clipped to L - 1); W = longest
@@ -88,15 +103,17 @@ def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | Non
     adv = np.zeros((rows,), np.float32)
     width = min(bucket_length(max(len(c) for c in batch.completion_ids), bucket), length)
     window = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy()
-    for i, (p, c, lp) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs)):
+    masks = batch.completion_mask or [None] * n
+    for i, (p, c, lp, m) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs, masks)):
         seq = np.asarray(list(p) + list(c), np.int32)
         tokens[i, : len(seq)] = seq
         targets[i, : len(seq) - 1] = seq[1:]
         valid[i, : len(seq)] = True
         # Completion token j sits at sequence index len(p) + j and is predicted from index len(p) + j - 1.
         lo, hi = len(p) - 1, len(p) - 1 + len(c)
-        loss_mask[i, lo:hi] = 1.0
-        engine_lp[i, lo:hi] = np.asarray(lp, np.float32)
+        model = np.ones(len(c), np.float32) if m is None else np.asarray(m, np.float32)
+        loss_mask[i, lo:hi] = model
+        engine_lp[i, lo:hi] = np.asarray(lp, np.float32) * model  # environment tokens: 0, as outside the completion
         adv[i] = advantages[i]
         window[i] = np.minimum(lo + np.arange(width), length - 1)
     return PackedBatch(tokens, targets, valid, loss_mask, engine_lp, adv, window)

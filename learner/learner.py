@@ -260,5 +260,5 @@ def _take(batch: TrainBatch, adv: np.ndarray, order: np.ndarray) -> tuple[TrainB
     pick = lambda xs: [xs[i] for i in order]
     b = TrainBatch(pick(batch.prompt_ids), pick(batch.completion_ids), pick(batch.engine_logprobs),
                    np.asarray(batch.rewards)[order], np.asarray(batch.group_ids)[order],
-                   batch.sampling)
+                   batch.sampling, None if batch.completion_mask is None else pick(batch.completion_mask))
     return b, adv[order]

@@ -14,6 +14,9 @@ What GRPO means here (one batch = several groups, one group = samples of one pro
 - aggregation as per-token weights (`token_weights`) computed once per mini-batch, so gradient accumulation
   over micro-batches sums to exactly the mini-batch loss.
 Metrics come back as masked *sums* so micro-batches add up; the learner divides by the token count.
+Every per-token term (loss weights, ratio and IS metrics, entropy) is weighted by `loss_mask`, which is 0 at tokens
+the model did not sample (prompt, padding, a multi-turn environment's replies: learner/batch.py), so those tokens
+add nothing to the loss, the ratio or the metrics.
 """
 
 from __future__ import annotations

@@ -16,11 +16,12 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from learner.config import LearnerConfig
 from tasks import DataConfig
+from tasks.environments.config import EnvironmentConfig
 from orchestration.parallelism import check_engine_chips, check_learner_chips
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import (OFF, active, check_lora_env, check_platform_resources, engine_caps, logprobs_mode,
-                                  needs_history)
+from rollout.capabilities import (OFF, PENALTIES, active, check_lora_env, check_platform_resources, engine_caps,
+                                  logprobs_mode, needs_history)
 from rollout.config import RolloutConfig
 from rollout.sampling import SamplingParams
 from strict_config import Strict
@@ -217,10 +218,13 @@ class RunConfig(Strict):
     """The inference engine that samples (rollout/config.py) and the Ray resources of its servers."""
     learner: LearnerSection = LearnerSection()
     """The LoRA learner (learner/config.py) and the Ray resources of its processes."""
-    rewards: RewardsConfig
-    """The weighted rewards (rewards/config.py)."""
+    rewards: RewardsConfig | None = None
+    """The weighted rewards (rewards/config.py); none: an environment's own rewards only."""
     data: DataConfig = DataConfig()
     """The task's prompts (tasks/config.py)."""
+    environment: EnvironmentConfig | None = None
+    """A multi-turn environment (tasks/environments/): each sample is an episode of model turns and its replies (None:
+    one completion)."""
     train: TrainConfig = TrainConfig()
     """The loop: steps, prompts per step, sync or async, checkpoints, seeds, the run directory."""
     logging: LoggingConfig = LoggingConfig()
@@ -301,6 +305,27 @@ class RunConfig(Strict):
         check_learner_chips(self.learner.topology, self.learner.hosts, self.learner.resources.tpu)
         check_engine_chips(self.rollout.backend, self.rollout.resources.tpu, self.model.config_json)
         return self
+
+    @model_validator(mode="after")
+    def check_multi_turn(self) -> "RunConfig":
+        if self.environment is None:
+            if self.rewards is None:
+                raise ValueError("rewards: missing; give reward terms (or an environment, whose episodes score "
+                                 "themselves)")
+            return self
+        # The learner models history-dependent processing over one completion (learner/logprobs.py counts the
+        # completion's earlier tokens); across turns the engine's history also holds the environment's tokens.
+        s = self.rollout.sampling
+        if needs_history(s):
+            on = next(name for name in active(s) if name in PENALTIES)
+            raise ValueError(f"rollout.sampling.{on} is modelled by the learner for one turn only; turn it off "
+                             "for a multi-turn environment (or drop the environment)")
+        if self.environment.max_episode_tokens >= self.rollout.backend.max_model_len:
+            raise ValueError(f"environment.max_episode_tokens ({self.environment.max_episode_tokens}) leaves no room "
+                             f"for the opening in rollout.backend.max_model_len ({self.rollout.backend.max_model_len});"
+                             " lower it or raise max_model_len")
+        return self
+
 
 class ConfigError(ValueError):
     """A config mistake, already formatted as one line per problem."""

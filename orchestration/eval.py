@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,8 @@ class EvalJob:
     """None: base model only."""
     out_dir: Path
     seed: int
+    environment: Any = None
+    """The run's environment (None: single-turn): each sample is an episode."""
 
 
 def resolve(args: argparse.Namespace) -> EvalJob:
@@ -85,12 +88,15 @@ def resolve(args: argparse.Namespace) -> EvalJob:
         raise ConfigError(f"{adapter_dir} has no adapter; finish the run first (--resume), "
                           "or pass a config for the base model only")
     seed = cfg.data.seed if args.seed is None else args.seed
+    from orchestration.problem import run_environment
+
+    environment = run_environment(cfg)
     try:
-        prompts = eval_prompts(cfg.data, args.limit, seed)
+        prompts = eval_prompts(cfg.data, args.limit, seed, environment)
     except ValueError as err:
         raise ConfigError(f"--limit {args.limit}: {err}") from None
     out_dir = args.out or (Path("runs") / f"eval-{args.target.stem}" if is_config else args.target)
-    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed)
+    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed, environment)
 
 
 def score_phases(job: EvalJob, progress: bool) -> dict:
@@ -99,13 +105,13 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tqdm import tqdm
 
     from orchestration.heldout import score_policy
+    from orchestration.problem import run_limits, run_rewards
     from tasks.render import PromptRenderer
-    from rewards.registry import setup_rewards
     from rollout.handle import Rollout
 
     cfg = job.cfg
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-    rewards = setup_rewards(cfg.rewards)  # before Ray: a reward that does not import fails in seconds
+    rewards = run_rewards(cfg)  # before Ray: a reward that does not import fails in seconds
     phases = ["base"] + (["trained"] if job.adapter_dir else [])
     scores = {}
     try:
@@ -118,7 +124,8 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                     rollout.push_lora(1, *read_adapter(job.adapter_dir))
                 with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
                           file=sys.stderr, dynamic_ncols=True) as bar:
-                    scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update)
+                    scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update,
+                                                 job.environment, run_limits(cfg))
     finally:
         rewards.close()
         ray.shutdown()
@@ -137,11 +144,16 @@ def summarize_policy(s, seed: int) -> tuple[dict, dict[str, np.ndarray]]:
     out.update({f"reward/{n}": float(np.nanmean(v)) for n, v in s.per_name.items() if not np.isnan(v).all()})
     out["completion_len_mean"] = float(s.lengths.mean())
     out["examples"] = [group[0] for group in s.texts[:3]]
+    if s.episodes is not None:  # an environment's: turns, how episodes ended, its counts (e.g. tool calls)
+        out["episodes"] = s.episodes
+        out["examples"] = s.transcripts[:3]
     return out, per_prompt
 
 
 def build_report(job: EvalJob, scores: dict, argv: list[str]) -> dict:
-    report = {"command": "python -m orchestration.eval " + " ".join(argv), "task": job.cfg.data.task,
+    env = job.cfg.environment
+    task = job.cfg.data.task if env is None else f"environment {env.name}"
+    report = {"command": "python -m orchestration.eval " + " ".join(argv), "task": task,
               "prompts": len(job.prompts), "k": job.params.n, "data_seed": job.seed, "adapter": str(job.adapter_dir),
               "sampling": job.params.model_dump(mode="json")}
     per_prompt = {}
@@ -158,12 +170,13 @@ def format_table(report: dict) -> str:
     lines = [f"{report['prompts']} held-out prompts x {report['k']} samples ({report['task']}, data seed "
              f"{report['data_seed']}); 95% intervals: Wilson (base, trained), paired bootstrap (difference)",
              f"{'metric':<22}" + "".join(f"{p if p != 'difference' else 'trained - base':>28}" for p in phases)]
-    for key, value in report[phases[0]].items():
-        if key == "examples":
-            continue
+    rows = {k: {p: report[p].get(k) for p in phases} for k in report[phases[0]] if k not in ("examples", "episodes")}
+    for key in report[phases[0]].get("episodes", {}):  # an environment's figures: plain means per phase
+        rows[key] = {p: report[p].get("episodes", {}).get(key) for p in phases}
+    for key, values in rows.items():
         cells = []
         for phase in phases:
-            v = report[phase].get(key)
+            v = values[phase]
             if isinstance(v, dict):
                 sign = "+" if phase == "difference" else ""
                 cells.append(f"{v['value']:{sign}.3f} [{v['low']:{sign}.3f}, {v['high']:{sign}.3f}]")

@@ -3,8 +3,10 @@
 A prompt is in the eval split by a hash of its content (tasks), so the eval prompts of *any*
 `data.seed` are held out from the training prompts of every seed: `--seed` draws other held-out prompts.
 A sample counts as solved when its task reward (rewards.solved_by, else countdown or math_answer) is at least 1.0,
-the score of a right answer; format and repetition rewards never make a sample "solved". For `data.task: dataset`
-the held-out rows are data.eval_path's or the data.eval_fraction held out of data.path (tasks/row_prompts.py).
+the score of a right answer; format and repetition rewards never make a sample "solved". An episode of an
+environment without such a term is solved when the environment's reward is at least 1.0 (a correct final answer, a
+found number). For `data.task: dataset` the held-out rows are data.eval_path's or the data.eval_fraction held out of
+data.path (tasks/row_prompts.py).
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks import DataConfig, Prompt, setup_dataset
+from tasks import DataConfig, Prompt
+from tasks.environments.catalog import environment_rows
 from rollout.sampling import SamplingParams
 
 CHUNK_PROMPTS = 16
 """Prompts per generate call: big enough to keep the engine's batch full, small enough for a moving progress bar."""
 
 
-def eval_prompts(data: DataConfig, limit: int, seed: int | None = None) -> list[Prompt]:
-    """The first `limit` held-out prompts for `data` (with `seed` instead of data.seed when given)."""
+def eval_prompts(data: DataConfig, limit: int, seed: int | None = None, environment=None) -> list[Prompt]:
+    """The first `limit` held-out prompts for `data` (with `seed` instead of data.seed when given); the
+    environment's own rows when it has them."""
     if seed is not None:
         data = data.model_copy(update={"seed": seed})
-    prompts = setup_dataset(data, "eval")
+    prompts = environment_rows(data, environment, "eval")
     if limit > len(prompts):
         if data.task == "dataset" and len(prompts) < data.eval_size:
             raise ValueError(f"{limit} eval prompts asked but the held-out split has {len(prompts)} rows; ask for "
@@ -59,6 +63,10 @@ class PolicyScores:
     texts: list[list[str]]
     task: str | None
     """The task reward that defines "solved" (None when the config has no task reward)."""
+    episodes: dict[str, float] | None = None
+    """An environment's episode figures (orchestration.episodes.episode_metrics: turns, ends, tool calls, ...)."""
+    transcripts: list[list[dict]] | None = None
+    """Each prompt's first episode, message by message (None: single-turn)."""
 
     @property
     def solved(self) -> np.ndarray | None:
@@ -66,8 +74,10 @@ class PolicyScores:
 
 
 def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> PolicyScores:
-    """Generate params.n samples per prompt with the adapter now on the server and score them.
+                 on_progress: Callable[[int], None] | None = None, environment=None, limits=None) -> PolicyScores:
+    """Generate params.n samples per prompt with the adapter now on the server and score them; with an
+    `environment` (and its episode `limits`), each sample is an episode (orchestration/episodes.py), its
+    environment's reward logged as `env` (and "solved" when no task reward is configured).
 
     `on_progress(prompts_done)` is called after each chunk (a progress bar's update).
     """
@@ -76,20 +86,40 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
     if not prompts:
         raise ValueError("score_policy needs at least one prompt")
     k = params.n
-    groups = []
+    groups, texts = [], []
     for start in range(0, len(prompts), CHUNK_PROMPTS):
         chunk = prompts[start : start + CHUNK_PROMPTS]
-        groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
+        if environment is None:
+            groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
+            texts.extend(renderer.text(p) for p in chunk)  # the chat template once per prompt, not per sample
+        else:
+            from orchestration.episodes import play
+
+            played = play(rollout, renderer, environment, chunk, params, limits)
+            groups.extend(g.samples for g in played)
+            texts.extend(g.text for g in played)
         if on_progress is not None:
             on_progress(len(chunk))
-    texts = [renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
-    samples = [Sample(text, renderer.turn(p, c.text), p.reference, c.token_ids, p.as_data)
+    turn = (lambda p, c: renderer.assistant_prefix + c.text) if environment is not None else \
+        (lambda p, c: renderer.turn(p, c.text))
+    samples = [Sample(text, turn(p, c), p.reference, c.token_ids, p.as_data)
                for p, text, g in zip(prompts, texts, groups) for c in g]
     result = rewards.score(samples, [len(g) for g in groups])
     shape = (len(prompts), k)
     per_name = {n: np.asarray(v, dtype=np.float64).reshape(shape) for n, v in result.per_name.items()}
+    totals = np.asarray(result.totals, dtype=np.float64).reshape(shape)
+    model_tokens = [[len(c.token_ids) for c in g] for g in groups]
+    episodes = transcripts = None
+    if environment is not None:
+        from orchestration.episodes import episode_metrics
+
+        per_name["env"] = np.asarray([[c.env_reward for c in g] for g in groups], dtype=np.float64)
+        totals = totals + per_name["env"]
+        model_tokens = [[sum(c.mask) for c in g] for g in groups]
+        episodes = episode_metrics([c for g in groups for c in g])
+        transcripts = [g[0].transcript for g in groups]
     return PolicyScores(
-        totals=np.asarray(result.totals, dtype=np.float64).reshape(shape), per_name=per_name,
-        lengths=np.asarray([len(c.token_ids) for g in groups for c in g]).reshape(shape),
+        totals=totals, per_name=per_name, lengths=np.asarray(model_tokens).reshape(shape),
         texts=[[c.text for c in g] for g in groups],
-        task=rewards.solved_by)
+        task=rewards.solved_by or ("env" if "env" in per_name else None), episodes=episodes,
+        transcripts=transcripts)

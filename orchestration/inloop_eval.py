@@ -18,6 +18,7 @@ import numpy as np
 from orchestration import stats
 from tasks import DataConfig, Prompt
 from orchestration.heldout import eval_prompts, eval_sampling, score_policy
+from orchestration.problem import run_limits
 
 if TYPE_CHECKING:
     from orchestration.config import RunConfig
@@ -30,6 +31,19 @@ log = logging.getLogger(__name__)
 def _prompts(data: DataConfig, limit: int) -> tuple[Prompt, ...]:
     # Built once per run, not once per eval: the set is a pure function of the (frozen, hashable) data config.
     return tuple(eval_prompts(data, limit))
+
+
+_ENV_PROMPTS: dict[tuple, tuple[Prompt, ...]] = {}
+
+
+def held_out(cfg: RunConfig, parts: Parts) -> tuple[Prompt, ...]:
+    """The eval prompts: data.task's, or the run's environment's own held-out rows (built once per environment)."""
+    if parts.environment is None:
+        return _prompts(cfg.data, cfg.eval.prompts)
+    key = (cfg.data, cfg.eval.prompts, id(parts.environment))  # an environment need not be hashable
+    if key not in _ENV_PROMPTS:
+        _ENV_PROMPTS[key] = tuple(eval_prompts(cfg.data, cfg.eval.prompts, environment=parts.environment))
+    return _ENV_PROMPTS[key]
 
 
 def is_eval_step(cfg: RunConfig, step: int) -> bool:
@@ -45,7 +59,9 @@ def maybe_eval(cfg: RunConfig, parts: Parts, step: int) -> dict[str, float] | No
     t0 = time.perf_counter()
     e = cfg.eval
     params = eval_sampling(cfg.rollout.sampling, e.k, e.temperature, e.max_tokens)
-    scores = score_policy(parts.rollout, parts.renderer, parts.rewards, _prompts(cfg.data, e.prompts), params)
+    prompts = held_out(cfg, parts)
+    scores = score_policy(parts.rollout, parts.renderer, parts.rewards, prompts, params,
+                          environment=parts.environment, limits=run_limits(cfg))
     metrics: dict[str, float] = {"eval/reward": float(scores.totals.mean()),
                                  "eval/completion_len_mean": float(scores.lengths.mean())}
     if scores.solved is not None:

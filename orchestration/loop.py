@@ -6,6 +6,10 @@ turns each group's rewards into group-relative advantages and takes a clipped po
 weights (importance-corrected against the engine's own logprobs). The new adapter is pushed to the server under a
 new version name before the next generation, so every sample records which policy made it.
 
+With an `environment:`, a sample is a multi-turn episode instead of one completion (orchestration/episodes.py): the
+episodes of all groups run concurrently, and the learner trains on the model's tokens only (environment tokens are
+masked out of the loss and the ratio). The loop is otherwise the same, async mode and staleness included.
+
 sync:  generate(k) -> learn(k) -> push(k) -> generate(k+1) ...
 async: while learn(k) runs in the learner actor, the driver generates ahead up to step k + train.max_staleness
        with the adapter it has (version k-1), so a sample is at most max_staleness versions behind its update.
@@ -33,10 +37,13 @@ from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
 from tasks import Prompt, PromptStream
 from orchestration.engine_check import check_engine_agreement
+from orchestration.episodes import EpisodeSample, episode_metrics, play
+from orchestration.problem import run_limits
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.inloop_eval import maybe_eval
 from orchestration.metrics import MetricsLog
 from orchestration.run_dir import RunDir
+from tasks.environments.base import Environment
 from tasks.render import PromptRenderer
 from rewards.registry import RewardSet
 from rewards.types import Sample, TrainingProgress
@@ -63,6 +70,7 @@ class Rollouts:
     stream_after: dict  # data position once they are drawn (what a checkpoint after this step records)
     metrics: dict[str, float] = field(default_factory=dict)
     totals: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # each prompt as the model read it (chat template applied)
 
 
 @dataclass
@@ -76,6 +84,7 @@ class Parts:
     renderer: PromptRenderer
     metrics: MetricsLog
     run_dir: RunDir
+    environment: Environment | None = None  # multi-turn: every sample is an episode of it
 
 
 def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
@@ -87,69 +96,101 @@ def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
     return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1) for i in range(count)]
 
 
+def generate(cfg: RunConfig, parts: Parts, prompts: list[Prompt], step: int,
+             fault: FaultHook) -> tuple[list[list[int]], list[str], list[list[Completion]]]:
+    """(prompt ids, prompt texts, n completions per prompt): one completion per sample, or with an environment one
+    episode per sample (orchestration/episodes.py; its prompt is the environment's opening)."""
+    seeds = request_seeds(cfg, step, len(prompts))
+    on_sent = lambda: fault("generate", step)  # noqa: E731
+    if parts.environment is None:
+        prompt_ids = [parts.renderer.encode(p) for p in prompts]
+        completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling, seeds=seeds, on_sent=on_sent)
+        return prompt_ids, [parts.renderer.text(p) for p in prompts], completions
+    groups = play(parts.rollout, parts.renderer, parts.environment, prompts, cfg.rollout.sampling,
+                  run_limits(cfg), seeds, on_sent, cfg.rollout.client.max_concurrency)
+    return [g.prompt_ids for g in groups], [g.text for g in groups], [g.samples for g in groups]
+
+
 def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook = NO_FAULTS) -> Rollouts:
-    """Steps 1-3: sample prompts, generate n completions each, score them."""
+    """Steps 1-3: sample prompts, generate n completions (or episodes) each, score them."""
     # 1. sample prompts
     stream_state = parts.stream.state_dict()
     prompts = parts.stream.next_batch()
-    prompt_ids = [parts.renderer.encode(p) for p in prompts]
     # 2. generate (timing/generate)
     t0 = time.perf_counter()
     events_before = len(parts.rollout.events)
-    completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling, seeds=request_seeds(cfg, step, len(prompts)),
-                                         on_sent=lambda: fault("generate", step))
+    prompt_ids, texts, completions = generate(cfg, parts, prompts, step, fault)
     t_gen = time.perf_counter() - t0
     for event in parts.rollout.events[events_before:]:
         log.warning("rollout event at step %d: %s", step, event)
-    # 3. score (reward/<name>)
+    # 3. score (reward/<name>): the rewards score the model's (last) turn; an episode adds its environment's reward
     fault("score", step)
     t0 = time.perf_counter()
-    texts = [parts.renderer.text(p) for p in prompts]  # the chat template once per prompt, not per sample
-    samples = [Sample(prompt=text, completion=parts.renderer.turn(p, c.text), reference=p.reference,
+    samples = [Sample(prompt=text, completion=model_turn(parts, p, c), reference=p.reference,
                       completion_ids=c.token_ids, raw_prompt=p.as_data)
                for p, text, group in zip(prompts, texts, completions) for c in group]
     # A user's reward (rewards by import path) is called once per prompt's group, with the run's progress.
     result = parts.rewards.score(samples, [len(g) for g in completions], TrainingProgress(step - 1, cfg.train.steps))
+    flat = [c for group in completions for c in group]
+    totals = [t + getattr(c, "env_reward", 0.0) for t, c in zip(result.totals, flat)]
     t_score = time.perf_counter() - t0
     for line in result.errors:
         log.error("step %d: %s", step, line)
-    flat = [c for group in completions for c in group]
-    lengths = np.array([len(c.token_ids) for c in flat])
     metrics = {
-        "reward/total": float(np.mean(result.totals)),
-        "reward/total_std": float(np.std(result.totals)),
+        "reward/total": float(np.mean(totals)),
+        "reward/total_std": float(np.std(totals)),
         **{f"reward/{name}": value for name, value in result.means().items()},
         **{f"reward/{key}": value for key, value in result.metrics.items()},  # user rewards' log_metric
         "reward/errors": len(result.errors),
         **{f"reward/errors/{kind}": count for kind, count in result.failures.items()},
-        "rollout/completion_len_mean": float(lengths.mean()),
-        "rollout/completion_len_max": int(lengths.max()),
-        "rollout/truncated_frac": float(np.mean([c.finish_reason == "length" for c in flat])),
-        "rollout/tokens_per_s": float(lengths.sum() / max(t_gen, 1e-9)),
+        **rollout_metrics(flat, t_gen),
         "rollout/restarts": len(parts.rollout.events) - events_before,
         "timing/generate": t_gen,
         "timing/score": t_score,
         **parts.rollout.metrics(),  # per replica when rollout.replicas > 1
     }
-    return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics,
-                    list(result.totals))
+    return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics, totals,
+                    texts)
+
+
+def model_turn(parts: Parts, prompt: Prompt, completion: Completion) -> str:
+    """What the rewards read: the assistant's turn as a reader sees it (an episode's every turn starts with the
+    assistant prefix)."""
+    if isinstance(completion, EpisodeSample):
+        return parts.renderer.assistant_prefix + completion.text
+    return parts.renderer.turn(prompt, completion.text)
+
+
+def rollout_metrics(flat: list[Completion], t_gen: float) -> dict[str, float]:
+    """Lengths and speed of the model's own tokens (an episode's environment tokens are not generated)."""
+    lengths = np.array([sum(c.mask) if isinstance(c, EpisodeSample) else len(c.token_ids) for c in flat])
+    out = {
+        "rollout/completion_len_mean": float(lengths.mean()),
+        "rollout/completion_len_max": int(lengths.max()),
+        "rollout/truncated_frac": float(np.mean([c.finish_reason == "length" for c in flat])),
+        "rollout/tokens_per_s": float(lengths.sum() / max(t_gen, 1e-9)),
+    }
+    if isinstance(flat[0], EpisodeSample):
+        out.update(episode_metrics(flat))  # type: ignore[arg-type]
+    return out
 
 
 def to_train_batch(cfg: RunConfig, r: Rollouts) -> TrainBatch:
     """Step 4: flatten groups into the learner's batch (advantages are the learner's: its GRPO options)."""
-    prompt_ids, completion_ids, engine_logprobs, group_ids = [], [], [], []
+    prompt_ids, completion_ids, engine_logprobs, group_ids, masks = [], [], [], [], []
     for g, (ids, group) in enumerate(zip(r.prompt_ids, r.completions)):
         for c in group:
             prompt_ids.append(ids)
             completion_ids.append(list(c.token_ids))
             engine_logprobs.append(list(c.logprobs))
             group_ids.append(g)
+            masks.append(list(c.mask) if isinstance(c, EpisodeSample) else None)
     # The full transform the engine sampled from; eos ids only matter to min_tokens (which masks them).
     sampling = SamplingTransform.of(cfg.rollout.sampling, model_eos_ids(str(cfg.model.resolved_path)))
     return TrainBatch(
         prompt_ids=prompt_ids, completion_ids=completion_ids, engine_logprobs=engine_logprobs,
         rewards=np.asarray(r.totals, dtype=np.float32), group_ids=np.asarray(group_ids, dtype=np.int32),
-        sampling=sampling,
+        sampling=sampling, completion_mask=None if masks[0] is None else masks,  # environment tokens: 0
     )
 
 
@@ -173,12 +214,16 @@ def push_adapter(parts: Parts, version: int, fault: FaultHook = NO_FAULTS) -> fl
 
 
 def log_samples(run_dir: RunDir, r: Rollouts, renderer: PromptRenderer) -> None:
-    """Keep one prompt's group of completions per step, for people reading what the policy does."""
+    """Keep one prompt's group of completions (an episode: its transcript) per step, for people reading what the
+    policy does."""
     with (run_dir.local / "samples.jsonl").open("a") as f:
         group = r.completions[0]
-        f.write(json.dumps({"step": r.step, "prompt": renderer.text(r.prompts[0]),
-                            "completions": [c.text for c in group],
-                            "rewards": r.totals[: len(group)]}) + "\n")
+        row = {"step": r.step, "prompt": r.texts[0] if r.texts else renderer.text(r.prompts[0]),
+               "completions": [c.text for c in group], "rewards": r.totals[: len(group)]}
+        if isinstance(group[0], EpisodeSample):
+            row["episodes"] = [{"transcript": c.transcript, "end": c.end, "env_reward": c.env_reward}
+                               for c in group]  # type: ignore[union-attr]
+        f.write(json.dumps(row) + "\n")
     run_dir.sync("samples.jsonl")
 
 

@@ -16,7 +16,7 @@ import ray
 
 from orchestration import cluster, signals
 from orchestration.config import RunConfig
-from tasks import PromptStream, setup_dataset
+from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.loop import LearnerDied, LoopState, Parts, learner_get, push_adapter, save_checkpoint, train_loop
@@ -24,7 +24,7 @@ from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.run_dir import CHECKPOINTS, RunDir, RunDirError, check_shared
 from orchestration.plots import write_plots
 from tasks.render import PromptRenderer
-from rewards.registry import setup_rewards
+from orchestration.problem import run_environment, run_rewards, run_rows
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,9 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 def run(cfg: RunConfig, run_dir: RunDir) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
-    prompts = setup_dataset(cfg.data, "train")  # a data config error (DataError) too: in seconds, not minutes
-    rewards = setup_rewards(cfg.rewards)  # a reward by import path that does not import, too
+    environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
+    prompts = run_rows(cfg, environment, "train")  # a data config error (DataError) too: in seconds, not minutes
+    rewards = run_rewards(cfg)  # a reward by import path that does not import, too
     rollout = None
     parts = state = None
     started_cluster = False
@@ -145,7 +146,7 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(None, learner, rewards, stream, renderer,  # type: ignore[arg-type]
-                      None, run_dir)
+                      None, run_dir, environment)
         # Restored before any engine starts: a resume that cannot see its checkpoint fails in seconds, rows intact.
         step, extra = restore_learner(parts)
         drop_rows_after(run_dir, step)

@@ -96,11 +96,11 @@ class Rollout:
         client = self._require_client()
         lora = None if self.version is None else adapter_name(self.version)
         try:
-            return _run_sync(client.generate(prompts, params, lora, self.version, seeds, on_sent))
+            return run_sync(client.generate(prompts, params, lora, self.version, seeds, on_sent))
         except ServerUnavailable:
             if not self._recover():
                 raise
-        return _run_sync(self._require_client().generate(prompts, params, lora, self.version, seeds))
+        return run_sync(self._require_client().generate(prompts, params, lora, self.version, seeds))
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -164,7 +164,7 @@ class Rollout:
             ray.kill(actor)
 
 
-def _run_sync(coro):
+def run_sync(coro):
     """Run `coro` to completion from sync code, on a fresh event loop in a worker thread.
 
     The calling thread only waits, so Ctrl-C always raises KeyboardInterrupt there (asyncio.run's own SIGINT

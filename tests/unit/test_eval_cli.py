@@ -50,6 +50,15 @@ def test_config_target_is_base_only_and_bad_k_is_one_line():
     assert (greedy.params.temperature, greedy.params.n) == (0.0, 1)
 
 
+def test_an_environment_config_evaluates_on_the_environments_own_held_out_rows():
+    config = ROOT / "configs" / "guess_smollm2_cpu.yaml"
+    job = eval_cli.resolve(eval_cli.parse_args([str(config), "--limit", "40"]))
+    assert job.environment is not None and len(job.prompts) == 40
+    train = eval_cli.resolve(eval_cli.parse_args([str(config), "--limit", "40"])).environment.rows(
+        job.cfg.data, "train")
+    assert {repr(p.reference) for p in job.prompts}.isdisjoint(repr(p.reference) for p in train)
+
+
 def test_eval_sampling_validates_what_model_copy_would_not():
     with pytest.raises(ValueError, match="temperature"):
         eval_sampling(SamplingParams(temperature=0.0), k=4)

@@ -1,0 +1,60 @@
+"""The environment catalogue: built-in names, the verifiers adapter, import paths; and where a run's rows come from.
+
+Built-ins are pydantic models whose fields are `environment.params`, so a typo is a config error at load time.
+`verifiers` and import paths are imported only when a run sets them up (verifiers alone takes ~15 s to import).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from tasks.config import DataConfig
+from tasks.dataset import Prompt, setup_dataset
+from tasks.environments.base import Environment, own_rows
+from tasks.environments.guessing import GuessingGame
+from tasks.environments.tool_countdown import ToolCountdown
+
+if TYPE_CHECKING:
+    from tasks.environments.config import EnvironmentConfig
+
+BUILT_IN: dict[str, type[BaseModel]] = {"tool_countdown": ToolCountdown, "guessing": GuessingGame}
+
+
+def check_params(name: str, params: dict[str, Any]) -> BaseModel:
+    """The built-in `name` made from `params`; bad params -> ValueError naming the field."""
+    try:
+        return BUILT_IN[name](**params)
+    except ValidationError as exc:
+        problems = "; ".join(f"environment.params.{'.'.join(map(str, e['loc'])) or '?'}: {e['msg']}"
+                             for e in exc.errors())
+        raise ValueError(f"{name}: {problems}") from None
+
+
+def setup_environment(cfg: EnvironmentConfig) -> Environment:
+    """The environment a run's episodes are played in."""
+    if cfg.name in BUILT_IN:
+        return check_params(cfg.name, cfg.params)  # type: ignore[return-value]
+    if cfg.name == "verifiers":
+        from tasks.environments.verifiers_adapter import VerifiersEnvironment
+
+        return VerifiersEnvironment(**cfg.params)
+    module_name, _, attr = cfg.name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"environment.name {cfg.name!r} cannot be imported ({exc}); put its package on PYTHONPATH "
+                         "or in the run's working directory") from None
+    environment = factory(**cfg.params)
+    if not isinstance(environment, Environment):
+        raise ValueError(f"environment.name {cfg.name!r} made a {type(environment).__name__}, which has no "
+                         "episode(row) method (tasks/environments/base.py says what an environment is)")
+    return environment
+
+
+def environment_rows(data: DataConfig, environment: Environment | None, split: str) -> list[Prompt]:
+    """The rows of `split`: the environment's own, else `data.task`'s."""
+    rows = None if environment is None else own_rows(environment, data, split)
+    return setup_dataset(data, split) if rows is None else rows  # type: ignore[arg-type]

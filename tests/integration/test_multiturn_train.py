@@ -1,0 +1,62 @@
+"""A multi-turn training run for real: `python -m orchestration.train` on the guessing game (tiny model, 2 steps,
+async mode with in-loop eval), then `python -m orchestration.eval` on the run. Assertions read metrics.jsonl,
+samples.jsonl and eval.json.
+
+The tiny random model never names a number, so every turn gets the game's rules back and every episode interleaves
+model and environment tokens: the learner must count only the model's (its token count is the rollout's), and its
+first-step logprobs must match the engine's on them (the run's own agreement check, bound 1e-3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from orchestration.metrics import read_metrics
+from test_eval_inloop import run
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "guess_smollm2_cpu.yaml"
+SAMPLES = 2 * 4  # prompts_per_step x n
+TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "train.prompts_per_step=2", "train.steps=2",
+        "train.mode=async", "train.max_staleness=1", "environment.max_turns=3", "environment.params.highs=[8,16]",
+        "learner.grpo.micro_batch_size=8", "learner.max_engine_gap=1e-3", "eval.every=2", "eval.prompts=4",
+        "eval.k=2", "data.train_size=60", "data.eval_size=4"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    run_dir = tmp_path_factory.mktemp("multiturn") / "run"
+    run("orchestration.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY)
+    return run_dir
+
+
+def test_the_learner_trains_on_model_tokens_and_agrees_with_the_engine(run_dir):
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["env/env_token_frac"] > 0.2 and row["env/turns_mean"] > 1, row
+        assert row["env/episode_len_mean"] > row["rollout/completion_len_mean"]
+        # The learner's tokens are the model's: what the rollout generated, not the episode's length.
+        assert row["learner/completion_tokens"] == pytest.approx(row["rollout/completion_len_mean"] * SAMPLES)
+        assert row["async/staleness_max"] <= 1 and math.isfinite(row["learner/loss"])
+    print(f"\nfirst-step learner vs engine: {rows[0]['learner/logprob_abs_diff']:.2e} per model token")
+    assert rows[0]["learner/logprob_abs_diff"] <= 1e-3
+    assert 0.0 <= rows[-1]["eval/accuracy_low"] <= rows[-1]["eval/accuracy"] <= rows[-1]["eval/accuracy_high"] <= 1
+    logged = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    episode = logged[0]["episodes"][0]
+    assert episode["end"] in ("done", "max_turns", "max_tokens")
+    assert [m["role"] for m in episode["transcript"]][:2] == ["assistant", "user"]
+
+
+def test_eval_cli_plays_the_environment(run_dir):
+    run("orchestration.eval", str(run_dir), "--limit", "4", "--k", "2", "--progress", "off")
+    report = json.loads((run_dir / "eval.json").read_text())
+    assert report["task"] == "environment guessing" and (report["prompts"], report["k"]) == (4, 2)
+    for phase in ("base", "trained"):
+        assert report[phase]["accuracy"]["n"] == 8 and "reward/env" in report[phase], report[phase]
