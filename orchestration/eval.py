@@ -106,6 +106,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tqdm import tqdm
 
     from orchestration.heldout import score_policy
+    from orchestration.judge import setup_judge
     from tasks.render import PromptRenderer
     from rewards.registry import setup_rewards
     from rollout.handle import Rollout
@@ -115,10 +116,13 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     rewards = setup_rewards(cfg.rewards)
     phases = ["base"] + (["trained"] if job.adapter_dir else [])
     scores = {}
-    ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
+    engines = cfg.rollout.resources.num_cpus + (cfg.judge_engine.resources.num_cpus if cfg.judge_engine else 0)
+    ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(engines) + 1))
+    judge_engine = None
     try:
         part = part_config(cfg.rollout, RolloutConfig)
         with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:
+            judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term grades here as in training
             for phase in phases:
                 if phase == "trained":
                     rollout.push_lora(1, *load_adapter(job.adapter_dir))
@@ -126,6 +130,8 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                           file=sys.stderr, dynamic_ncols=True) as bar:
                     scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update)
     finally:
+        if judge_engine is not None:
+            judge_engine.stop()
         ray.shutdown()
     return scores
 

@@ -3,6 +3,7 @@
 `AHA_FAULT="phase:action[@step][,phase:action[@step]...]"`, read once at start. Phases are the loop's named places:
 
     generate   generation requests are in flight (fired by the rollout handle once they are submitted)
+    refill     a dynamic-sampling refill draw's requests are in flight (train.dynamic_sampling)
     score      the completions are back, the rewards are being computed
     learn      the learner update is submitted and running in the learner actor
     push       the new LoRA tensors are exported, not yet loaded by the engine
@@ -26,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PHASES = ("generate", "score", "learn", "push", "save", "between", "eval")
+PHASES = ("generate", "refill", "score", "learn", "push", "save", "between", "eval")
 ACTIONS = ("sigint", "sigterm", "kill_engine", "kill_learner")
 ENV = "AHA_FAULT"
 

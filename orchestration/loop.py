@@ -10,9 +10,10 @@ sync:  generate(k) -> learn(k) -> push(k) -> generate(k+1) ...
 async: while learn(k) runs in the learner actor, the driver generates ahead up to step k + train.max_staleness
        with the adapter it has (version k-1), so a sample is at most max_staleness versions behind its update.
 
-Each request's seed comes from (train.seed, step, prompt index), so a resumed run draws the same samples as an
-uninterrupted one. The phases (generate, score, learn, push, save, between) are where `orchestration.faults` can
-land a test fault.
+With `train.dynamic_sampling` a step draws more prompts until its batch holds enough groups whose rewards vary
+(orchestration/dynamic_sampling.py). Each request's seed comes from (train.seed, step, prompt index), the index
+counting over all of a step's draws, so a resumed run draws the same samples as an uninterrupted one. The phases
+(generate, refill, score, learn, push, save, between) are where `orchestration.faults` can land a test fault.
 """
 
 from __future__ import annotations
@@ -33,14 +34,16 @@ from learner.group import LearnerProcessLost
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
 from tasks import Prompt, PromptStream
+from orchestration.dynamic_sampling import Drawn, fill_batch
 from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.inloop_eval import maybe_eval
+from orchestration.judge import judge_step_metrics
 from orchestration.metrics import MetricsLog
 from tasks.render import PromptRenderer
 from rewards.registry import RewardSet
 from rewards.types import Sample
-from rollout.capabilities import engine_caps
+from rollout.capabilities import takes_request_seeds
 from rollout.handle import Rollout
 from rollout.sampling import Completion
 
@@ -77,26 +80,27 @@ class Parts:
     metrics: MetricsLog
 
 
-def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
-    """Per-request seeds from (train.seed, step, prompt index); None for an engine that cannot take them."""
-    backend = cfg.rollout.backend
-    seed = engine_caps(backend).seed  # rollout/capabilities.py: vllm-tpu rejects a per-request seed
-    if seed == "rejected" or (seed == "deterministic_sampling" and not getattr(backend, "deterministic_sampling", False)):
+def request_seeds(cfg: RunConfig, step: int, count: int, first: int = 0) -> list[int] | None:
+    """Per-request seeds from (train.seed, step, prompt index) for indices first .. first+count-1 (a dynamic-sampling
+    refill continues the step's index); None for an engine that cannot take them."""
+    if not takes_request_seeds(cfg.rollout.backend):  # rollout/capabilities.py: vllm-tpu rejects a per-request seed
         return None
-    return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1) for i in range(count)]
+    return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1)
+            for i in range(first, first + count)]
 
 
-def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook = NO_FAULTS) -> Rollouts:
-    """Steps 1-3: sample prompts, generate n completions each, score them."""
+def draw_groups(cfg: RunConfig, parts: Parts, step: int, count: int, first: int = 0,
+                fault: FaultHook = NO_FAULTS) -> Drawn:
+    """Draw `count` prompts, generate n completions each (request seeds from prompt index `first`), score them."""
     # 1. sample prompts
-    stream_state = parts.stream.state_dict()
-    prompts = parts.stream.next_batch()
+    prompts = parts.stream.next_batch(count)
     prompt_ids = [parts.renderer.encode(p) for p in prompts]
-    # 2. generate (timing/generate)
+    # 2. generate (timing/generate); a refill draw's requests are the fault phase "refill"
     t0 = time.perf_counter()
     events_before = len(parts.rollout.events)
-    completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling, seeds=request_seeds(cfg, step, len(prompts)),
-                                         on_sent=lambda: fault("generate", step))
+    phase = "generate" if first == 0 else "refill"
+    completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling, seeds=request_seeds(cfg, step, count, first),
+                                         on_sent=lambda: fault(phase, step))
     t_gen = time.perf_counter() - t0
     for event in parts.rollout.events[events_before:]:
         log.warning("rollout event at step %d: %s", step, event)
@@ -107,27 +111,58 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook
     samples = [Sample(prompt=text, completion=parts.renderer.turn(p, c.text), reference=p.reference)
                for p, text, group in zip(prompts, texts, completions) for c in group]
     result = parts.rewards.score(samples)
-    t_score = time.perf_counter() - t0
     for line in result.errors:
         log.error("step %d: %s", step, line)
-    flat = [c for group in completions for c in group]
+    return Drawn(prompts, prompt_ids, completions, [result],
+                 {"generate": t_gen, "score": time.perf_counter() - t0}, len(parts.rollout.events) - events_before)
+
+
+def draw_metrics(drawn: Drawn) -> dict[str, float]:
+    """Reward and rollout figures over every sample drawn this step (all draws, trained on or not)."""
+    totals = drawn.totals
+    per_name: dict[str, list[float]] = {}
+    for result in drawn.rewards:
+        for name, values in result.per_name.items():
+            per_name.setdefault(name, []).extend(values)
+    flat = [c for group in drawn.completions for c in group]
     lengths = np.array([len(c.token_ids) for c in flat])
-    metrics = {
-        "reward/total": float(np.mean(result.totals)),
-        "reward/total_std": float(np.std(result.totals)),
-        **{f"reward/{name}": float(np.mean(vals)) for name, vals in result.per_name.items()},
-        "reward/errors": len(result.errors),
+    t_gen = drawn.seconds["generate"]
+    counters: dict[str, float] = {}  # a batched reward's (the judge's), summed over the draws
+    for result in drawn.rewards:
+        for key, value in result.metrics.items():
+            counters[key] = counters.get(key, 0.0) + value
+    return {
+        **counters,
+        "reward/total": float(np.mean(totals)),
+        "reward/total_std": float(np.std(totals)),
+        **{f"reward/{name}": float(np.mean(vals)) for name, vals in per_name.items()},
+        "reward/errors": sum(len(r.errors) for r in drawn.rewards),
         "rollout/completion_len_mean": float(lengths.mean()),
         "rollout/completion_len_max": int(lengths.max()),
         "rollout/truncated_frac": float(np.mean([c.finish_reason == "length" for c in flat])),
         "rollout/tokens_per_s": float(lengths.sum() / max(t_gen, 1e-9)),
-        "rollout/restarts": len(parts.rollout.events) - events_before,
+        "rollout/restarts": drawn.restarts,
         "timing/generate": t_gen,
-        "timing/score": t_score,
-        **parts.rollout.metrics(),  # per replica when rollout.replicas > 1
+        "timing/score": drawn.seconds["score"],
     }
-    return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics,
-                    list(result.totals))
+
+
+def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook = NO_FAULTS) -> Rollouts:
+    """Steps 1-3: sample prompts, generate n completions each, score them; with train.dynamic_sampling, draw more
+    until the batch holds enough groups whose rewards vary (orchestration/dynamic_sampling.py)."""
+    stream_state = parts.stream.state_dict()
+    quota, dynamic = cfg.train.prompts_per_step, cfg.train.dynamic_sampling
+
+    def draw(count: int, first: int) -> Drawn:
+        return draw_groups(cfg, parts, step, count, first, fault)
+
+    if dynamic.enabled:
+        drawn, kept, extra = fill_batch(draw, quota, dynamic.max_draws, step)
+    else:
+        drawn, kept, extra = draw(quota, 0), list(range(quota)), {}
+    prompts, prompt_ids, completions, totals = drawn.take(kept)
+    metrics = {**draw_metrics(drawn), **extra, **parts.rollout.metrics()}  # per replica when rollout.replicas > 1
+    return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics, totals)
 
 
 def to_train_batch(cfg: RunConfig, r: Rollouts) -> TrainBatch:
@@ -270,6 +305,7 @@ def train_loop(cfg: RunConfig, parts: Parts, run_dir: Path, state: LoopState, fa
         # 7. log, maybe save
         metrics.update({"rollout/adapter_version": version, "timing/learn": t_learn, "timing/sync": t_sync,
                         "timing/push_pause": pause, "timing/step": time.perf_counter() - t_step})
+        metrics.update(judge_step_metrics(metrics))
         if pending:
             metrics["timing/generate_overlapped"] = sum(p.metrics["timing/generate"] for p in pending)
         parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete

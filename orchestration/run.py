@@ -20,6 +20,7 @@ from orchestration.config import RunConfig
 from tasks import PromptStream, setup_dataset
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
+from orchestration.judge import setup_judge
 from orchestration.loop import LearnerDied, LoopState, Parts, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.plots import write_plots
@@ -104,14 +105,16 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
     prompts = setup_dataset(cfg.data, "train")  # a data config error (DatasetTooSmall) too: in seconds, not minutes
     started_cluster = cluster.connect(cfg)
     signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
-    rollout = None
+    rollout = judge_engine = None
     parts = state = None
     try:
         learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
         rollout = cluster.start_rollout(cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(rollout, learner, setup_rewards(cfg.rewards), stream, renderer, None)  # type: ignore[arg-type]
+        rewards = setup_rewards(cfg.rewards)
+        judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term's engine: the training one or its own
+        parts = Parts(rollout, learner, rewards, stream, renderer, None)  # type: ignore[arg-type]
         fault.parts = parts
         state = restore(cfg, parts, run_dir)
         train_loop(cfg, parts, run_dir, state, fault)
@@ -131,7 +134,8 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
     finally:
         if parts is not None and parts.metrics is not None:
             parts.metrics.close()
-        if rollout is not None:
-            rollout.stop()
+        for engine in (rollout, judge_engine):
+            if engine is not None:
+                engine.stop()
         if started_cluster:
             ray.shutdown()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rewards.catalog import build_reward
 from rewards.config import RewardsConfig, RewardTerm
-from rewards.types import RewardFn, Sample
+from rewards.types import BatchRewardFn, RewardFn, Sample
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ class RewardResult:
     """One line per (reward, sample) that raised."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall time spent in each reward for this batch (log as `timing/reward_<name>` if wanted)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Additive counters a batched reward reports for this batch (the judge's `judge/requests`, `judge/seconds`...)."""
 
 
 class RewardSet:
@@ -51,15 +53,26 @@ class RewardSet:
         result = RewardResult(totals=[0.0] * len(samples), per_name={}, errors=[])
         for fn, weight in zip(self.fns, self.weights):
             start = time.perf_counter()
-            values = [self._score_one(fn, sample, index, result.errors) for index, sample in enumerate(samples)]
+            if isinstance(fn, BatchRewardFn):  # one call for the batch (the judge); per-sample errors as below
+                values = [self._checked(fn, lambda v=v: v, sample, index, result.errors)
+                          for index, (sample, v) in enumerate(zip(samples, fn.score_batch(samples), strict=True))]
+                result.metrics.update(fn.take_metrics())
+            else:
+                values = [self._checked(fn, lambda s=sample: fn(s), sample, index, result.errors)
+                          for index, sample in enumerate(samples)]
             result.seconds[fn.__name__] = time.perf_counter() - start
             result.per_name[fn.__name__] = values
             result.totals = [total + weight * value for total, value in zip(result.totals, values)]
         return result
 
-    def _score_one(self, fn: RewardFn, sample: Sample, index: int, errors: list[str]) -> float:
+    def _checked(self, fn: RewardFn, get: Callable[[], float | Exception], sample: Sample, index: int,
+                 errors: list[str]) -> float:
+        """`get()`'s value if it is a finite number; else one error line, then 0 or a failed step (on_error)."""
         try:
-            value = float(fn(sample))
+            value = get()
+            if isinstance(value, Exception):  # a batched reward's per-sample failure
+                raise value
+            value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"returned {value}")
             return value
