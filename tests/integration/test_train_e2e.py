@@ -63,12 +63,12 @@ def assert_finite_rows(rows: list[dict]) -> None:
                 assert math.isfinite(value), f"step {row['step']}: {key} = {value}"
 
 
-def expected_prompt_texts(run_dir: Path, steps: int) -> list[str]:
-    """First prompt of each step as an uninterrupted run draws them."""
+def expected_prompt_texts(run_dir: Path, steps: int, draws: int = 1) -> list[str]:
+    """First prompt of each step as an uninterrupted run draws them (each step drawing `draws` full batches)."""
     cfg = load_config(run_dir / "config.yaml")
     stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-    return [renderer.text(stream.next_batch()[0]) for _ in range(steps)]
+    return [renderer.text([stream.next_batch() for _ in range(draws)][0][0]) for _ in range(steps)]
 
 
 # Each run of the chain below is interrupted (or its learner killed) at one named phase by the test-only hook
@@ -240,7 +240,7 @@ def test_async_staleness_is_bounded_and_resume_loses_and_repeats_nothing(async_i
     for r in rows:  # the learner's importance correction ran against each sample's own engine logprobs
         assert math.isfinite(r["learner/is_ratio_mean"]) and math.isfinite(r["learner/logprob_abs_diff"]), r
     samples = sample_rows(run_dir, "prompt")
-    expected = expected_prompt_texts(run_dir, 4)
+    expected = expected_prompt_texts(run_dir, 4, draws=2)  # no group varies: each step refills once, a full batch
     assert 4 in samples and all(samples[s] == expected[s - 1] for s in samples), "the data position did not continue"
 
 
