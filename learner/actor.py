@@ -8,6 +8,7 @@ as numpy arrays through Ray's object store (`lora_tensors`), so the rollout serv
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ class LearnerWorker:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        if cfg.cpu_cores:  # this thread builds the learner: the XLA threads it starts inherit its affinity
+            os.sched_setaffinity(0, cfg.cpu_cores)
         self._args = (cfg, Path(model_path), Path(checkpoint_dir) if checkpoint_dir else None)
         self.learner = None
         if num_processes == 1:

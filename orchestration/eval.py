@@ -118,6 +118,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     scores = {}
     engines = cfg.rollout.resources.num_cpus + (cfg.judge_engine.resources.num_cpus if cfg.judge_engine else 0)
     ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(engines) + 1))
+    signals.install()  # ray.init put its own SIGTERM handler in place (Ray's C++ one aborts the process)
     judge_engine = None
     try:
         part = part_config(cfg.rollout, RolloutConfig)
@@ -196,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         print(error_report(err, "eval"), file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    scores = score_phases(job, args.progress == "on")
+    try:
+        scores = score_phases(job, args.progress == "on")
+    except KeyboardInterrupt as exc:  # the engine is already stopped (score_phases' with/finally)
+        exc = signals.interrupted(exc)
+        print(f"eval stopped after {time.perf_counter() - t0:.0f} s (interrupted by {exc.name}); nothing written",
+              file=sys.stderr)
+        return exc.exit_code()
     report = build_report(job, scores, argv)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     job.out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,12 @@
     between    a step is finished and logged; the next one has not started
     eval       reserved for in-loop evaluation
 
-Actions: `sigint` / `sigterm` (signal this process's main thread, which raises at once), `kill_engine` (SIGKILL the
-engine server's process group), `kill_learner` (kill the learner actor). Without `@step` a fault fires at the
-first step that reaches its phase; each fault fires once. No sleeps, no timing: a test names where the fault lands.
+Actions: `sigint` / `sigterm` (signal this process's main thread, which raises at once), `sigint_blocked` /
+`sigterm_blocked` (the same signal, sent by a watcher thread once the main thread waits inside a Ray call of this
+phase, e.g. the `ray.get` of a push, an update or a save: Ray then re-raises it as a plain KeyboardInterrupt),
+`kill_engine` (SIGKILL the engine server's process group), `kill_learner` (kill the learner actor). Without
+`@step` a fault fires at the first step that reaches its phase; each fault fires once. No sleeps, no timing: a test
+names where the fault lands.
 """
 
 from __future__ import annotations
@@ -21,14 +24,19 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 PHASES = ("generate", "refill", "score", "learn", "push", "save", "between", "eval")
-ACTIONS = ("sigint", "sigterm", "kill_engine", "kill_learner")
+ACTIONS = ("sigint", "sigterm", "sigint_blocked", "sigterm_blocked", "kill_engine", "kill_learner")
+# The loop's function a phase's blocking Ray call is made from (orchestration/loop.py), for the *_blocked actions.
+BLOCKING_CALLER = {"learn": "collect", "push": "push_lora", "save": "save_checkpoint"}
+WATCH_LIMIT_S = 600.0
 ENV = "AHA_FAULT"
 
 
@@ -59,6 +67,7 @@ class FaultHook:
     def __init__(self, faults: list[Fault]):
         self.faults = faults
         self.parts: Any = None
+        self.phase = ""  # of the fault being fired
 
     @classmethod
     def from_env(cls) -> FaultHook:
@@ -69,12 +78,17 @@ class FaultHook:
             if not fault.fired and fault.phase == phase and fault.step in (None, step):
                 fault.fired = True
                 log.warning("%s: %s at phase %s of step %d", ENV, fault.action, phase, step)
+                self.phase = phase
                 self._fire(fault.action)
 
     def _fire(self, action: str) -> None:
         import ray
 
-        if action in ("sigint", "sigterm"):
+        if action.endswith("_blocked"):
+            signum = signal.SIGINT if action.startswith("sigint") else signal.SIGTERM
+            threading.Thread(target=signal_when_blocked, args=(signum, BLOCKING_CALLER.get(self.phase)),
+                             daemon=True, name="aha-fault").start()
+        elif action in ("sigint", "sigterm"):
             # To the main thread, as a terminal's Ctrl-C lands: its blocking wait is interrupted at once even when
             # the hook runs in the rollout's request thread (a signal taken by that thread would wait for it).
             signum = signal.SIGINT if action == "sigint" else signal.SIGTERM
@@ -89,3 +103,24 @@ class FaultHook:
 
 
 NO_FAULTS = FaultHook([])
+
+
+def in_ray_get(frame: Any, caller: str | None) -> bool:
+    """Whether the stack of `frame` is blocked in Ray's get (its innermost frame), called from `caller` if given."""
+    if frame is None or frame.f_code.co_name != "get_objects" or "ray" not in frame.f_code.co_filename:
+        return False
+    while caller and frame is not None and frame.f_code.co_name != caller:
+        frame = frame.f_back
+    return frame is not None
+
+
+def signal_when_blocked(signum: int, caller: str | None) -> None:
+    """Send `signum` to the main thread once it waits inside `ray.get` (from `caller`); gives up after a while."""
+    main = threading.main_thread()
+    deadline = time.monotonic() + WATCH_LIMIT_S
+    while time.monotonic() < deadline:
+        if in_ray_get(sys._current_frames().get(main.ident), caller):
+            signal.pthread_kill(main.ident, signum)
+            return
+        time.sleep(0.001)  # a push's Ray call lasts tens of milliseconds; Ray's wait releases the GIL
+    log.error("%s: the main thread never waited in a Ray call from %s; no signal sent", ENV, caller)

@@ -103,11 +103,12 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 def run(cfg: RunConfig, run_dir: Path) -> None:
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
     prompts = setup_dataset(cfg.data, "train")  # a data config error (DatasetTooSmall) too: in seconds, not minutes
-    started_cluster = cluster.connect(cfg)
-    signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
+    started_cluster = False
     rollout = judge_engine = None
     parts = state = None
     try:
+        started_cluster = cluster.connect(cfg)
+        signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
         learner = cluster.start_learner(cfg, (run_dir / "checkpoints").resolve())
         rollout = cluster.start_rollout(cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
@@ -119,12 +120,14 @@ def run(cfg: RunConfig, run_dir: Path) -> None:
         state = restore(cfg, parts, run_dir)
         train_loop(cfg, parts, run_dir, state, fault)
         finish(cfg, parts, run_dir)
-    except (signals.Interrupted, LearnerDied) as exc:
+    except (KeyboardInterrupt, LearnerDied) as caught:
+        # A signal taken inside a Ray call comes back as a plain KeyboardInterrupt (orchestration/signals.py).
+        exc = signals.interrupted(caught) if isinstance(caught, KeyboardInterrupt) else caught
         where = state.where if state is not None else None
         if parts is not None and state is not None and isinstance(exc, signals.Interrupted):
             save_on_stop(parts, state)
         log.error("%s", stop_line(exc, where, state, run_dir))
-        raise
+        raise exc from None
     except EngineMismatchError:
         raise  # its update was made against another model than the engine's: keep nothing (no row, no checkpoint)
     except BaseException:

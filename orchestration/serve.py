@@ -12,9 +12,8 @@ import argparse
 import json
 import logging
 import secrets
-import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 from orchestration import signals
@@ -71,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.backend import setup_backend
 
     backend = setup_backend(backend_cfg, cfg.model.resolved_path, args.run_dir / "serve")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         url = backend.start()
         example = setup_dataset(cfg.data, "eval")[0]
@@ -81,15 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.api_key:
             print(f"API key: {args.api_key}")
         print("try:\n  " + curl_example(url, name, args.api_key, prompt) + "\n\nCtrl-C stops the server.", flush=True)
-        while not stop.wait(1.0):
+        while True:  # SIGINT or SIGTERM (orchestration.signals) ends the wait
+            time.sleep(1.0)
             if not backend.is_alive():
                 print("serve: the engine exited; its log:\n" + backend.log_tail(50), file=sys.stderr)
                 return 1
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt as exc:
+        exc = signals.interrupted(exc)
+        print(f"serve: stopped (interrupted by {exc.name}); the engine is shut down", file=sys.stderr)
+        return exc.exit_code()
     finally:
         backend.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -55,6 +55,15 @@ def setup_logging(run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     signals.install()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # before run() took over (it says itself where it stopped and what it saved)
+        exc = signals.interrupted(exc)
+        print(f"train stopped before its first step (interrupted by {exc.name}); nothing to save", file=sys.stderr)
+        return exc.exit_code()
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     try:
         cfg, run_dir = resolve(args)

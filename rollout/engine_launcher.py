@@ -36,8 +36,15 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def pin_to_cores() -> None:
+    """Restrict this process (and so the server it starts) to $AHA_CPU_CORES (rollout.backend.cpu_cores)."""
+    if cores := os.environ.get("AHA_CPU_CORES"):
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+
+
 def main() -> None:
     die_with_parent()
+    pin_to_cores()
     if str(os.getppid()) != os.environ.get("AHA_LAUNCHER_PARENT", str(os.getppid())):
         sys.exit("[engine_launcher] the process that started me is already gone; not starting the server")
     # Ray SIGKILLs a dying worker's direct children (this launcher) before any clean-up can run, so the server

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()
+    if cores := os.environ.get("AHA_CPU_CORES"):  # rollout.backend.cpu_cores, before JAX starts its threads
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.device == "cpu":

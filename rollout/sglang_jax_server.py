@@ -69,12 +69,13 @@ class SglangJaxBackend(ServerProcess):
     def environment(self) -> dict[str, str]:
         """The server's environment: ours minus the driver's Python settings, plus the engine's."""
         env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
-        threads = str(self.cfg.cpu_threads or os.cpu_count() or 1)
+        threads = str(self.cfg.threads)
         env.update({
             "HF_HUB_OFFLINE": "1",
             # Ray sets OMP_NUM_THREADS=1 in its workers, which would make the CPU engine single-threaded.
             "OMP_NUM_THREADS": threads,
             "PYTHONUNBUFFERED": "1",
+            **self.cfg.affinity_env(),
         })
         if self.cfg.platform == "cpu":
             env["JAX_PLATFORMS"] = "cpu"

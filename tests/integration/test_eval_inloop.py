@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
+from conftest import MARK, marked_processes
 from orchestration.metrics import read_metrics
 from test_train_e2e import TINY  # the shipped demo config shrunk to the tiny model; eval.every below turns eval on
 
@@ -71,3 +75,43 @@ def test_eval_cli_on_the_run_reports_intervals_and_the_difference(run_dir):
     assert diff["low"] <= diff["value"] <= diff["high"] and diff["n"] == 8
     assert diff["value"] == pytest.approx(report["trained"]["accuracy"]["value"] - report["base"]["accuracy"]["value"])
     assert (run_dir / "eval.png").stat().st_size > 10_000
+
+
+def test_eval_stopped_by_sigterm_says_so_in_one_line_and_leaves_no_engine(run_dir):
+    """SIGTERM while eval generates: one line, exit 143, the engine shut down.
+
+    Started as a script's background job starts it (SIGINT and SIGTERM inherited as ignored). Before eval
+    re-installed its handlers after `ray.init`, Ray's own C++ SIGTERM handler took the signal
+    (`logging.cc: *** SIGTERM received ***`, then `Aborted`).
+    """
+    marker = f"eval-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {MARK: marker}
+
+    def ignore_interrupts() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.eval", str(run_dir), "--limit", "6", "--k", "2",
+                             "--progress", "on", "--out", str(run_dir / "eval-stopped")], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore_interrupts)
+    err = b""
+    try:
+        deadline = time.monotonic() + 600
+        while b"base:" not in err and time.monotonic() < deadline:  # the progress bar: the engine is generating
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            err += chunk
+        assert b"base:" in err, f"eval never started generating:\n{err.decode()[-3000:]}"
+        proc.send_signal(signal.SIGTERM)
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (err + rest).decode(errors="replace")
+    assert proc.returncode == 128 + signal.SIGTERM, f"eval exited {proc.returncode}:\n{text[-3000:]}"
+    last = text.strip().splitlines()[-1]
+    assert "eval stopped" in last and "(interrupted by SIGTERM)" in last, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert not (run_dir / "eval-stopped" / "eval.json").exists()
+    assert marked_processes(marker) == [], "eval left its engine running after SIGTERM"

