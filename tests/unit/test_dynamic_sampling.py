@@ -127,3 +127,9 @@ def test_dynamic_sampling_config_is_checked():
 
     with pytest.raises(ConfigError, match="train.dynamic_sampling.max_draws"):
         load_config(ROOT / "configs" / "countdown_smollm2_cpu.yaml", ["train.dynamic_sampling.max_draws=0"])
+
+
+def test_a_refill_is_a_fault_phase():
+    from orchestration.faults import Fault, parse
+
+    assert parse("refill:sigint@2") == [Fault("refill", "sigint", 2)]
