@@ -74,6 +74,21 @@ class OptimizerConfig(Strict):
     """Decoupled weight decay on the LoRA weights."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this; None = no clipping."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """The learning rate after warm-up: constant, or a cosine decay from lr to final_lr_ratio x lr over
+    decay_steps optimizer updates (then held there)."""
+    decay_steps: int = Field(0, ge=0)
+    """Optimizer updates of the cosine decay after warm-up (one per step with the default mini-batching: usually
+    train.steps - warmup_steps)."""
+    final_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """The cosine schedule's last learning rate, as a fraction of lr."""
+
+    @model_validator(mode="after")
+    def _check(self) -> OptimizerConfig:
+        if self.schedule == "cosine" and self.decay_steps == 0:
+            raise ValueError("optimizer.schedule cosine needs optimizer.decay_steps > 0 (the updates it decays over, "
+                             "e.g. train.steps - warmup_steps)")
+        return self
 
 
 class GrpoConfig(Strict):

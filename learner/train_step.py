@@ -23,7 +23,7 @@ from learner.sampling import SamplingTransform
 from learner.shared_prompts import SharedPrompts, window_hidden
 
 __all__ = ["ModelParts", "MicroBatch", "merge", "forward_logits", "make_logprob_fn", "make_accumulate_fn",
-           "make_optimizer", "make_apply_fn"]
+           "make_optimizer", "make_apply_fn", "learning_rate"]
 
 
 class MicroBatch(NamedTuple):
@@ -134,9 +134,19 @@ def make_accumulate_fn(parts: ModelParts, sampling: SamplingTransform, opts: Los
     return jax.jit(fn, donate_argnums=(2,))
 
 
+def learning_rate(cfg: OptimizerConfig) -> float | optax.Schedule:
+    """The learning rate per optimizer update: linear warm-up from 0, then constant or cosine-decayed."""
+    after = cfg.lr if cfg.schedule == "constant" else \
+        optax.cosine_decay_schedule(cfg.lr, cfg.decay_steps, alpha=cfg.final_lr_ratio)
+    if cfg.warmup_steps == 0:
+        return after
+    after = after if callable(after) else optax.constant_schedule(after)
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), after], [cfg.warmup_steps])
+
+
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW (+ global-norm clipping, linear warm-up) over the LoRA dict only."""
-    lr = cfg.lr if cfg.warmup_steps == 0 else optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    """AdamW (+ global-norm clipping, warm-up and schedule) over the LoRA dict only."""
+    lr = learning_rate(cfg)
     adam = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     return adam if cfg.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
 

@@ -67,6 +67,8 @@ def connect(cfg: RunConfig) -> bool:
     # address="local" always starts a new cluster: a bare ray.init() would silently attach to any cluster already
     # running on this machine without shipping our code to it.
     needed = cfg.rollout.resources.num_cpus * cfg.rollout.replicas + cfg.learner.resources.num_cpus * cfg.learner.hosts
+    if cfg.judge_engine is not None:
+        needed += cfg.judge_engine.resources.num_cpus
     num_cpus = ray_cfg.num_cpus or max(int(needed) + 1, os.cpu_count() or 1)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
     log.info("started a local Ray cluster (%d logical CPUs)", num_cpus)

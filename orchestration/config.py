@@ -20,9 +20,9 @@ from tasks.environments.config import EnvironmentConfig
 from orchestration.parallelism import check_engine_chips, check_learner_chips
 from orchestration.prepare_model import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import (OFF, PENALTIES, active, check_lora_env, check_platform_resources, engine_caps,
-                                  logprobs_mode, needs_history)
-from rollout.config import RolloutConfig
+from rollout.capabilities import (OFF, PENALTIES, active, check_lora_env, check_platform_resources, check_sampling,
+                                  engine_caps, logprobs_mode, needs_history)
+from rollout.config import BackendConfig, ClientConfig, RolloutConfig, VllmConfig
 from rollout.sampling import SamplingParams
 from strict_config import Strict
 
@@ -52,6 +52,22 @@ class ModelConfig(Strict):
         return None
 
 
+class DynamicSamplingConfig(Strict):
+    """DAPO's dynamic sampling: fill each step's batch with groups whose rewards differ
+    (orchestration/dynamic_sampling.py)."""
+
+    enabled: bool = False
+    """Draw more prompts until train.prompts_per_step groups with unequal rewards are in hand (a group whose samples
+    all score the same has advantage 0 under every GRPO variant: it teaches nothing), at most `max_draws` draws per
+    step; surplus varying groups are dropped. Off: every drawn group is trained on (see also
+    learner.grpo.skip_zero_variance_groups, which drops constant groups without drawing new ones)."""
+    max_draws: int = Field(4, ge=1)
+    """Most draws per step, the first included. The first draws train.prompts_per_step prompts; each refill draws
+    the groups still missing divided by the share of drawn groups that varied so far this step (at most
+    train.prompts_per_step). When the bound is reached short of a full batch, the step trains on the varying groups
+    it has (`dynamic/kept_groups` < prompts_per_step), or on its first draw if none varied."""
+
+
 class TrainConfig(Strict):
     steps: int = Field(20, ge=1)
     """GRPO steps to run (a resumed run continues up to this count)."""
@@ -69,6 +85,8 @@ class TrainConfig(Strict):
     """Seed of the engine's sampling: each request's seed comes from (seed, step, prompt index), so a resumed run
     draws the samples an uninterrupted one would (engines that take seeds: vLLM, SGLang-JAX with deterministic
     sampling)."""
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    """Refill each step's batch with groups whose rewards vary (DAPO); off by default."""
     run_dir: str = "runs/{name}-{time}"
     """Where metrics, checkpoints, adapters and plots go; {name} is the config file's stem, {time} a timestamp.
     A local path, or shared storage every host reads (`gs://bucket/runs/{name}-{time}`): on a Ray cluster of several
@@ -205,6 +223,25 @@ class LearnerSection(LearnerConfig):
     (orchestration/tpu_env.py)."""
 
 
+class JudgeEngineSection(Strict):
+    """`judge_engine:`: the separate engine of a `judge` reward term with `engine: judge` (its own model and server,
+    behind its own RolloutServer actor; orchestration/judge.py)."""
+
+    model: ModelConfig
+    """The judge's model (a HF folder or a prepared model's name, as `model.path`)."""
+    backend: BackendConfig = Field(default_factory=lambda: VllmConfig(enable_lora=False))
+    """The judge engine's launch settings (`kind` picks the engine); it serves the base model only."""
+    client: ClientConfig = ClientConfig()
+    """HTTP client of the judge's requests (max_concurrency bounds the judge requests in flight)."""
+    resources: ActorResources = ActorResources()
+    """Ray resources of the judge's server actor."""
+
+    @model_validator(mode="after")
+    def _check_platform(self) -> "JudgeEngineSection":
+        check_platform_resources(self.backend, self.resources.num_gpus, self.resources.tpu)
+        return self
+
+
 def part_config(section: BaseModel, part: type[BaseModel]) -> Any:
     """What the part itself receives (a `RolloutConfig` or a `LearnerConfig`): the section without the driver's keys,
     so nothing of orchestration travels into the part's processes."""
@@ -233,6 +270,8 @@ class RunConfig(Strict):
     """Held-out evaluation during training."""
     ray: RayConfig = RayConfig()
     """The Ray cluster to join or start."""
+    judge_engine: JudgeEngineSection | None = None
+    """The separate engine of a `judge` reward term with `engine: judge`; None when no term asks for one."""
 
     @model_validator(mode="after")
     def check_group_size(self) -> "RunConfig":
@@ -324,6 +363,30 @@ class RunConfig(Strict):
             raise ValueError(f"environment.max_episode_tokens ({self.environment.max_episode_tokens}) leaves no room "
                              f"for the opening in rollout.backend.max_model_len ({self.rollout.backend.max_model_len});"
                              " lower it or raise max_model_len")
+        return self
+
+    @model_validator(mode="after")
+    def check_judge(self) -> "RunConfig":
+        # The judge term's engine must exist, and take the judge's sampling (rollout/capabilities.py).
+        terms = self.rewards.terms if self.rewards is not None else []
+        index, judge = next(((i, t) for i, t in enumerate(terms) if t.name == "judge"), (None, None))
+        wants = judge.params.get("engine", "policy") if judge is not None else None
+        if wants == "judge" and self.judge_engine is None:
+            raise ValueError(f"rewards.terms[{index}] (judge) has engine: judge but there is no judge_engine section; "
+                             "add judge_engine: {model: {path: ...}} or set its engine: policy")
+        if self.judge_engine is not None and wants != "judge":
+            raise ValueError("judge_engine is set but no judge reward term has engine: judge, so it would start an "
+                             "engine nobody asks; remove judge_engine or set the term's engine: judge")
+        if judge is not None:
+            from rewards.judge import JudgeParams
+
+            sampling = JudgeParams(**judge.params).sampling
+            backend = self.judge_engine.backend if wants == "judge" else self.rollout.backend
+            where = f"rewards.terms[{index}].params.sampling"
+            check_sampling(backend, sampling, where)
+            if sampling.max_tokens >= backend.max_model_len:
+                raise ValueError(f"{where}.max_tokens ({sampling.max_tokens}) leaves no room for the rubric in the "
+                                 f"judge's max_model_len ({backend.max_model_len}); lower it")
         return self
 
 

@@ -105,6 +105,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tqdm import tqdm
 
     from orchestration.heldout import score_policy
+    from orchestration.judge import setup_judge
     from orchestration.problem import run_limits, run_rewards
     from tasks.render import PromptRenderer
     from rollout.handle import Rollout
@@ -114,11 +115,14 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     rewards = run_rewards(cfg)  # before Ray: a reward that does not import fails in seconds
     phases = ["base"] + (["trained"] if job.adapter_dir else [])
     scores = {}
+    engines = cfg.rollout.resources.num_cpus + (cfg.judge_engine.resources.num_cpus if cfg.judge_engine else 0)
+    judge_engine = None
     try:
-        ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(cfg.rollout.resources.num_cpus) + 1))
+        ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(engines) + 1))
         signals.install()  # ray.init put its own SIGTERM handler in place (Ray's C++ one aborts the process)
         part = part_config(cfg.rollout, RolloutConfig)
         with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:
+            judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term grades here as in training
             for phase in phases:
                 if phase == "trained":
                     rollout.push_lora(1, *read_adapter(job.adapter_dir))
@@ -128,6 +132,8 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                                                  job.environment, run_limits(cfg))
     finally:
         rewards.close()
+        if judge_engine is not None:
+            judge_engine.stop()
         ray.shutdown()
     return scores
 

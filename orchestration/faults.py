@@ -3,6 +3,7 @@
 `AHA_FAULT="phase:action[@step][,phase:action[@step]...]"`, read once at start. Phases are the loop's named places:
 
     generate   generation requests are in flight (fired by the rollout handle once they are submitted)
+    refill     a dynamic-sampling refill draw's requests are in flight (train.dynamic_sampling)
     score      the completions are back, the rewards are being computed
     learn      the learner update is submitted and running in the learner actor
     push       the new LoRA tensors are exported, not yet loaded by the engine
@@ -33,7 +34,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PHASES = ("generate", "score", "learn", "push", "save", "between", "eval")
+PHASES = ("generate", "refill", "score", "learn", "push", "save", "between", "eval")
 ACTIONS = ("sigint", "sigterm", "sigint_blocked", "sigterm_blocked", "kill_engine", "kill_learner", "kill_node")
 # The loop's function a phase's blocking Ray call is made from (orchestration/loop.py), for the *_blocked actions.
 BLOCKING_CALLER = {"learn": "collect", "push": "push_lora", "save": "save_checkpoint"}

@@ -14,9 +14,10 @@ sync:  generate(k) -> learn(k) -> push(k) -> generate(k+1) ...
 async: while learn(k) runs in the learner actor, the driver generates ahead up to step k + train.max_staleness
        with the adapter it has (version k-1), so a sample is at most max_staleness versions behind its update.
 
-Each request's seed comes from (train.seed, step, prompt index), so a resumed run draws the same samples as an
-uninterrupted one. The phases (generate, score, learn, push, save, between) are where `orchestration.faults` can
-land a test fault.
+With `train.dynamic_sampling` a step draws more prompts until its batch holds enough groups whose rewards vary
+(orchestration/dynamic_sampling.py). Each request's seed comes from (train.seed, step, prompt index), the index
+counting over all of a step's draws, so a resumed run draws the same samples as an uninterrupted one. The phases
+(generate, refill, score, learn, push, save, between) are where `orchestration.faults` can land a test fault.
 """
 
 from __future__ import annotations
@@ -36,18 +37,20 @@ from learner.group import LearnerProcessLost
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config import RunConfig
 from tasks import Prompt, PromptStream
+from orchestration.dynamic_sampling import Drawn, fill_batch
 from orchestration.engine_check import check_engine_agreement
 from orchestration.episodes import EpisodeSample, episode_metrics, play
 from orchestration.problem import run_limits
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.inloop_eval import maybe_eval
+from orchestration.judge import judge_step_metrics
 from orchestration.metrics import MetricsLog
 from orchestration.run_dir import RunDir
 from tasks.environments.base import Environment
 from tasks.render import PromptRenderer
 from rewards.registry import RewardSet
 from rewards.types import Sample, TrainingProgress
-from rollout.capabilities import engine_caps
+from rollout.capabilities import takes_request_seeds
 from rollout.handle import Rollout
 from rollout.sampling import Completion
 
@@ -87,21 +90,21 @@ class Parts:
     environment: Environment | None = None  # multi-turn: every sample is an episode of it
 
 
-def request_seeds(cfg: RunConfig, step: int, count: int) -> list[int] | None:
-    """Per-request seeds from (train.seed, step, prompt index); None for an engine that cannot take them."""
-    backend = cfg.rollout.backend
-    seed = engine_caps(backend).seed  # rollout/capabilities.py: vllm-tpu rejects a per-request seed
-    if seed == "rejected" or (seed == "deterministic_sampling" and not getattr(backend, "deterministic_sampling", False)):
+def request_seeds(cfg: RunConfig, step: int, count: int, first: int = 0) -> list[int] | None:
+    """Per-request seeds from (train.seed, step, prompt index) for indices first .. first+count-1 (a dynamic-sampling
+    refill continues the step's index); None for an engine that cannot take them."""
+    if not takes_request_seeds(cfg.rollout.backend):  # rollout/capabilities.py: vllm-tpu rejects a per-request seed
         return None
-    return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1) for i in range(count)]
+    return [int(np.random.SeedSequence([cfg.train.seed, step, i]).generate_state(1)[0] >> 1)
+            for i in range(first, first + count)]
 
 
-def generate(cfg: RunConfig, parts: Parts, prompts: list[Prompt], step: int,
-             fault: FaultHook) -> tuple[list[list[int]], list[str], list[list[Completion]]]:
+def generate(cfg: RunConfig, parts: Parts, prompts: list[Prompt], step: int, first: int,
+             on_sent) -> tuple[list[list[int]], list[str], list[list[Completion]]]:
     """(prompt ids, prompt texts, n completions per prompt): one completion per sample, or with an environment one
-    episode per sample (orchestration/episodes.py; its prompt is the environment's opening)."""
-    seeds = request_seeds(cfg, step, len(prompts))
-    on_sent = lambda: fault("generate", step)  # noqa: E731
+    episode per sample (orchestration/episodes.py; its prompt is the environment's opening). Request seeds count
+    from prompt index `first` (a dynamic-sampling refill continues the step's index)."""
+    seeds = request_seeds(cfg, step, len(prompts), first)
     if parts.environment is None:
         prompt_ids = [parts.renderer.encode(p) for p in prompts]
         completions = parts.rollout.generate(prompt_ids, cfg.rollout.sampling, seeds=seeds, on_sent=on_sent)
@@ -111,15 +114,17 @@ def generate(cfg: RunConfig, parts: Parts, prompts: list[Prompt], step: int,
     return [g.prompt_ids for g in groups], [g.text for g in groups], [g.samples for g in groups]
 
 
-def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook = NO_FAULTS) -> Rollouts:
-    """Steps 1-3: sample prompts, generate n completions (or episodes) each, score them."""
+def draw_groups(cfg: RunConfig, parts: Parts, step: int, count: int, first: int = 0,
+                fault: FaultHook = NO_FAULTS) -> Drawn:
+    """Draw `count` prompts, generate n completions (or episodes) each (request seeds from prompt index `first`),
+    score them."""
     # 1. sample prompts
-    stream_state = parts.stream.state_dict()
-    prompts = parts.stream.next_batch()
-    # 2. generate (timing/generate)
+    prompts = parts.stream.next_batch(count)
+    # 2. generate (timing/generate); a refill draw's requests are the fault phase "refill"
     t0 = time.perf_counter()
     events_before = len(parts.rollout.events)
-    prompt_ids, texts, completions = generate(cfg, parts, prompts, step, fault)
+    phase = "generate" if first == 0 else "refill"
+    prompt_ids, texts, completions = generate(cfg, parts, prompts, step, first, lambda: fault(phase, step))
     t_gen = time.perf_counter() - t0
     for event in parts.rollout.events[events_before:]:
         log.warning("rollout event at step %d: %s", step, event)
@@ -133,24 +138,40 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook
     result = parts.rewards.score(samples, [len(g) for g in completions], TrainingProgress(step - 1, cfg.train.steps))
     flat = [c for group in completions for c in group]
     totals = [t + getattr(c, "env_reward", 0.0) for t, c in zip(result.totals, flat)]
-    t_score = time.perf_counter() - t0
     for line in result.errors:
         log.error("step %d: %s", step, line)
-    metrics = {
-        "reward/total": float(np.mean(totals)),
-        "reward/total_std": float(np.std(totals)),
-        **{f"reward/{name}": value for name, value in result.means().items()},
-        **{f"reward/{key}": value for key, value in result.metrics.items()},  # user rewards' log_metric
-        "reward/errors": len(result.errors),
-        **{f"reward/errors/{kind}": count for kind, count in result.failures.items()},
-        **rollout_metrics(flat, t_gen),
-        "rollout/restarts": len(parts.rollout.events) - events_before,
-        "timing/generate": t_gen,
-        "timing/score": t_score,
-        **parts.rollout.metrics(),  # per replica when rollout.replicas > 1
+    return Drawn(prompts, prompt_ids, texts, completions, [result], totals,
+                 {"generate": t_gen, "score": time.perf_counter() - t0}, len(parts.rollout.events) - events_before)
+
+
+def draw_metrics(drawn: Drawn) -> dict[str, float]:
+    """Reward and rollout figures over every sample drawn this step (all draws, trained on or not)."""
+    per_name: dict[str, list[float]] = {}
+    logged: dict[str, list[float]] = {}
+    for result in drawn.rewards:
+        for name, values in result.per_name.items():
+            per_name.setdefault(name, []).extend(values)
+        for key, value in result.metrics.items():
+            logged.setdefault(key, []).append(value)
+    # The judge's counters (judge/requests, judge/seconds...) add up over draws; a user reward's log_metric is a mean.
+    reported = {key: float(np.sum(v) if key.startswith("judge/") else np.mean(v)) for key, v in logged.items()}
+    failures: dict[str, int] = {}
+    for result in drawn.rewards:
+        for kind, count in result.failures.items():
+            failures[kind] = failures.get(kind, 0) + count
+    flat = [c for group in drawn.completions for c in group]
+    return {
+        "reward/total": float(np.mean(drawn.totals)),
+        "reward/total_std": float(np.std(drawn.totals)),
+        **{f"reward/{name}": float(np.nanmean(v)) for name, v in per_name.items() if not np.isnan(v).all()},
+        **{(key if key.startswith("judge/") else f"reward/{key}"): value for key, value in reported.items()},
+        "reward/errors": sum(len(r.errors) for r in drawn.rewards),
+        **{f"reward/errors/{kind}": count for kind, count in failures.items()},
+        **rollout_metrics(flat, drawn.seconds["generate"]),
+        "rollout/restarts": drawn.restarts,
+        "timing/generate": drawn.seconds["generate"],
+        "timing/score": drawn.seconds["score"],
     }
-    return Rollouts(step, prompts, prompt_ids, completions, stream_state, parts.stream.state_dict(), metrics, totals,
-                    texts)
 
 
 def model_turn(parts: Parts, prompt: Prompt, completion: Completion) -> str:
@@ -173,6 +194,26 @@ def rollout_metrics(flat: list[Completion], t_gen: float) -> dict[str, float]:
     if isinstance(flat[0], EpisodeSample):
         out.update(episode_metrics(flat))  # type: ignore[arg-type]
     return out
+
+
+def generate_and_score(cfg: RunConfig, parts: Parts, step: int, fault: FaultHook = NO_FAULTS) -> Rollouts:
+    """Steps 1-3: sample prompts, generate n completions (or episodes) each, score them; with
+    train.dynamic_sampling, draw more until the batch holds enough groups whose rewards vary
+    (orchestration/dynamic_sampling.py)."""
+    stream_state = parts.stream.state_dict()
+    quota, dynamic = cfg.train.prompts_per_step, cfg.train.dynamic_sampling
+
+    def draw(count: int, first: int) -> Drawn:
+        return draw_groups(cfg, parts, step, count, first, fault)
+
+    if dynamic.enabled:
+        drawn, kept, extra = fill_batch(draw, quota, dynamic.max_draws, step)
+    else:
+        drawn, kept, extra = draw(quota, 0), list(range(quota)), {}
+    batch = drawn.take(kept)
+    metrics = {**draw_metrics(drawn), **extra, **parts.rollout.metrics()}  # per replica when rollout.replicas > 1
+    return Rollouts(step, batch.prompts, batch.prompt_ids, batch.completions, stream_state,
+                    parts.stream.state_dict(), metrics, batch.totals, batch.texts)
 
 
 def to_train_batch(cfg: RunConfig, r: Rollouts) -> TrainBatch:
@@ -322,6 +363,7 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
         # 7. log, maybe save
         metrics.update({"rollout/adapter_version": version, "timing/learn": t_learn, "timing/sync": t_sync,
                         "timing/push_pause": pause, "timing/step": time.perf_counter() - t_step})
+        metrics.update(judge_step_metrics(metrics))
         if pending:
             metrics["timing/generate_overlapped"] = sum(p.metrics["timing/generate"] for p in pending)
         parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete

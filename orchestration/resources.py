@@ -16,8 +16,9 @@ from rollout.server_process import LOOPBACK
 
 # Ray resource name -> the key of `learner.resources` / `rollout.resources` that asks for it.
 KEYS = {"CPU": "num_cpus", "GPU": "num_gpus", "TPU": "tpu"}
-ACTORS = {"learner": "learner", "engine": "rollout"}  # name in messages -> config section
-COUNTS = {"learner": ("hosts", "host"), "engine": ("replicas", "replica")}  # how many actors of each, and its unit
+ACTORS = {"learner": "learner", "engine": "rollout", "judge engine": "judge_engine"}  # name in messages -> section
+COUNTS = {"learner": ("hosts", "host"), "engine": ("replicas", "replica"),
+          "judge engine": ("replicas", "replica")}  # how many actors of each, and its unit (judge_engine: always 1)
 WHERE = {"CPU": "give the cluster more CPUs (ray.num_cpus for a local one)", "GPU": "run on a Ray node with GPUs",
          "TPU": "run on a TPU VM (its Ray node reports the chips as TPU)"}
 
@@ -30,6 +31,8 @@ def demands(cfg: RunConfig) -> dict[str, dict[str, float]]:
     """What each actor asks Ray for, by Ray resource name (zeros left out): one learner host, one engine replica."""
     out = {}
     for actor, section in ACTORS.items():
+        if getattr(cfg, section) is None:  # no judge_engine
+            continue
         r = getattr(cfg, section).resources
         out[actor] = {name: float(getattr(r, key)) for name, key in KEYS.items() if getattr(r, key) > 0}
         out[actor].update(r.custom)
@@ -46,8 +49,9 @@ def _where(name: str) -> str:
 
 
 def counts(cfg: RunConfig) -> dict[str, int]:
-    """How many actors of each kind the run starts (learner.hosts, rollout.replicas)."""
-    return {actor: int(getattr(getattr(cfg, ACTORS[actor]), COUNTS[actor][0])) for actor in ACTORS}
+    """How many actors of each kind the run starts (learner.hosts, rollout.replicas, one judge engine)."""
+    return {actor: int(getattr(getattr(cfg, section), COUNTS[actor][0], 1)) for actor, section in ACTORS.items()
+            if getattr(cfg, section) is not None}
 
 
 def _n(x: float) -> str:

@@ -19,6 +19,7 @@ from orchestration.config import RunConfig
 from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
+from orchestration.judge import setup_judge
 from orchestration.loop import LearnerDied, LoopState, Parts, learner_get, push_adapter, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.run_dir import CHECKPOINTS, RunDir, RunDirError, check_shared
@@ -135,7 +136,7 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
     environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
     prompts = run_rows(cfg, environment, "train")  # a data config error (DataError) too: in seconds, not minutes
     rewards = run_rewards(cfg)  # a reward by import path that does not import, too
-    rollout = None
+    rollout = judge_engine = None
     parts = state = None
     started_cluster = False
     try:
@@ -152,6 +153,7 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         drop_rows_after(run_dir, step)
         parts.metrics = setup_metrics(cfg, run_dir, step)
         parts.rollout = rollout = cluster.start_rollout(cfg)
+        judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term's engine: the training one or its own
         fault.parts = parts
         placement = placement_of(parts)
         serve_restored_policy(parts, step)
@@ -175,8 +177,9 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
     finally:
         if parts is not None and parts.metrics is not None:
             parts.metrics.close()
-        if rollout is not None:
-            rollout.stop()
+        for engine in (rollout, judge_engine):
+            if engine is not None:
+                engine.stop()
         rewards.close()
         run_dir.sync_all()
         if started_cluster:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from rewards.countdown import CountdownReward
 from rewards.format import FormatReward
+from rewards.judge import JudgeReward
 from rewards.math_answer import MathAnswerReward
 from rewards.repetition import RepetitionPenalty
 from rewards.types import RewardFn
@@ -21,6 +22,7 @@ REWARDS: dict[str, type] = {
     "math_answer": MathAnswerReward,
     "format": FormatReward,
     "repetition": RepetitionPenalty,
+    "judge": JudgeReward,
 }
 
 

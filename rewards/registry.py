@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from dataclasses import dataclass, field
 
 from rewards.catalog import build_reward
 from rewards.config import RewardsConfig, RewardTerm
 from rewards.pool import FAILURE_KINDS, Call, Outcome, RewardPool
-from rewards.types import RewardFn, Sample, TrainingProgress
+from rewards.types import BatchRewardFn, RewardFn, Sample, TrainingProgress
 from rewards.user import UserReward
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ class RewardResult:
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
     """Failures by kind (rewards.pool.FAILURE_KINDS); they sum to len(errors)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """What user rewards logged through TRL's `log_metric`, as `<term>/<name>`: the mean over the batch's calls."""
+    """What user rewards logged through TRL's `log_metric`, as `<term>/<name>` (the mean over the batch's calls), and
+    the additive counters a batched reward reports for this batch (the judge's `judge/requests`, `judge/seconds`...)."""
 
     def means(self) -> dict[str, float]:
         """Mean of each reward over the samples it scored (a reward that scored none is left out)."""
@@ -87,17 +88,28 @@ class RewardSet:
                 values = user[fn.__name__]
             else:
                 start = time.perf_counter()
-                values = [self._score_one(fn, sample, index, result) for index, sample in enumerate(samples)]
+                if isinstance(fn, BatchRewardFn):  # one call for the batch (the judge); per-sample errors as below
+                    values = [self._checked(fn, lambda v=v: v, sample, index, result)
+                              for index, (sample, v) in enumerate(zip(samples, fn.score_batch(samples), strict=True))]
+                    result.metrics.update(fn.take_metrics())
+                else:
+                    values = [self._checked(fn, lambda s=sample: fn(s), sample, index, result)
+                              for index, sample in enumerate(samples)]
                 result.seconds[fn.__name__] = time.perf_counter() - start
             result.per_name[fn.__name__] = values
             result.totals = [total if math.isnan(value) else total + weight * value
                              for total, value in zip(result.totals, values)]
         return result
 
-    def _score_one(self, fn: RewardFn, sample: Sample, index: int, result: RewardResult) -> float:
+    def _checked(self, fn: RewardFn, get: Callable[[], float | Exception], sample: Sample, index: int,
+                 result: RewardResult) -> float:
+        """`get()`'s value if it is a finite number; else one error line, then 0 or a failed step (on_error)."""
         kind = "raised"
         try:
-            value = float(fn(sample))
+            value = get()
+            if isinstance(value, Exception):  # a batched reward's per-sample failure
+                raise value
+            value = float(value)
             if not math.isfinite(value):
                 kind = "invalid"
                 raise ValueError(f"returned {value}")

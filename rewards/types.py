@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,17 @@ class RewardFn(Protocol):
     __name__: str
 
     def __call__(self, sample: Sample) -> float: ...
+
+
+@runtime_checkable
+class BatchRewardFn(Protocol):
+    """A reward scored a batch at a time (an LLM judge: one engine call per batch). A sample it cannot score gets
+    an exception in its place, which the reward set handles per `rewards.on_error` like a raising reward."""
+
+    __name__: str
+
+    def score_batch(self, samples: Sequence[Sample]) -> list[float | Exception]: ...
+
+    def take_metrics(self) -> dict[str, float]:
+        """Additive counters since the last call (logged per step)."""
+        ...

@@ -136,6 +136,13 @@ def engine_caps(backend: EngineConfig) -> EngineCaps:
     return replace(caps, engine=name)
 
 
+def takes_request_seeds(backend: EngineConfig) -> bool:
+    """Whether a per-request `seed` reproduces a request on this engine as configured (vllm-tpu rejects it)."""
+    seed = engine_caps(backend).seed
+    return seed == "per_request" or (seed == "deterministic_sampling" and getattr(backend, "deterministic_sampling",
+                                                                                  False))
+
+
 def logprobs_mode(backend: EngineConfig) -> str:
     """The engine's logprobs mode: its fixed one, or backend.logprobs_mode."""
     return engine_caps(backend).fixed_mode or getattr(backend, "logprobs_mode")

@@ -143,18 +143,19 @@ class RolloutFleet:
 
     # ---- data plane ------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
-                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
+                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
+                 base_model: bool = False) -> list[list[Completion]]:
         """n completions per prompt with the current adapter; groups spread by least outstanding requests.
 
-        `seeds` (one per prompt) and `on_sent` (called once, as the first group goes out) are passed on as
-        `Rollout.generate` takes them, so a group draws the same samples whichever replica serves it.
+        `seeds` (one per prompt), `on_sent` (called once, as the first group goes out) and `base_model` are passed
+        on as `Rollout.generate` takes them, so a group draws the same samples whichever replica serves it.
         """
         params = params or self.cfg.sampling
         if not prompts:
             raise ValueError("generate() needs a non-empty list of non-empty token-id prompts")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate() got {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
-        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i])
+        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i], base_model)
                    for i, p in enumerate(prompts)]
         if on_sent is not None:
             on_sent()
@@ -163,10 +164,11 @@ class RolloutFleet:
         finally:
             self._collect_events()
 
-    def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None) -> list[Completion]:
+    def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None,
+                        base_model: bool = False) -> list[Completion]:
         """One group on the least-loaded live replica; on failure, take that replica out and try another."""
         tried: set[int] = set()
-        kwargs = {} if seed is None else {"seeds": [seed]}
+        kwargs = {"base_model": base_model} if seed is None else {"seeds": [seed], "base_model": base_model}
         while True:
             replica = self._acquire(tried)
             t0 = time.perf_counter()

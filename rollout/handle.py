@@ -85,22 +85,25 @@ class Rollout:
         return self._client
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
-                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
+                 seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
+                 base_model: bool = False) -> list[list[Completion]]:
         """n completions per prompt with the current adapter (default params: cfg.sampling).
 
         `seeds`: one per prompt, so a retried or resumed step draws the same samples. `on_sent`: called once as the
         first request goes out, i.e. with requests in flight (the training loop's fault hook uses it).
+        `base_model`: ask the base model, not the adapter (an LLM judge served by the training engine).
         """
         params = params or self.cfg.sampling
         self._check(prompts, params)
         client = self._require_client()
-        lora = None if self.version is None else adapter_name(self.version)
+        version = None if base_model else self.version
+        lora = None if version is None else adapter_name(version)
         try:
-            return run_sync(client.generate(prompts, params, lora, self.version, seeds, on_sent))
+            return run_sync(client.generate(prompts, params, lora, version, seeds, on_sent))
         except ServerUnavailable:
             if not self._recover():
                 raise
-        return run_sync(self._require_client().generate(prompts, params, lora, self.version, seeds))
+        return run_sync(self._require_client().generate(prompts, params, lora, version, seeds))
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):

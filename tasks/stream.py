@@ -30,12 +30,16 @@ class PromptStream:
     def epoch(self) -> int:
         return self._epoch
 
-    def next_batch(self) -> list[Prompt]:
+    def next_batch(self, count: int | None = None) -> list[Prompt]:
+        """The next `count` prompts (default batch_size); a dynamic-sampling refill draws fewer or more."""
+        size = self.batch_size if count is None else count
+        if size < 1:
+            raise ValueError(f"next_batch count must be >= 1, got {count}")
         batch: list[Prompt] = []
-        while len(batch) < self.batch_size:
+        while len(batch) < size:
             if self._position == len(self._order):
                 self._set(self._epoch + 1, 0)
-            take = min(self.batch_size - len(batch), len(self._order) - self._position)
+            take = min(size - len(batch), len(self._order) - self._position)
             batch.extend(self._prompts[i] for i in self._order[self._position : self._position + take])
             self._position += take
         return batch

@@ -66,12 +66,12 @@ def assert_finite_rows(rows: list[dict]) -> None:
                 assert math.isfinite(value), f"step {row['step']}: {key} = {value}"
 
 
-def expected_prompt_texts(run_dir: Path, steps: int) -> list[str]:
-    """First prompt of each step as an uninterrupted run draws them."""
+def expected_prompt_texts(run_dir: Path, steps: int, draws: int = 1) -> list[str]:
+    """First prompt of each step as an uninterrupted run draws them (each step drawing `draws` full batches)."""
     cfg = load_config(run_dir / "config.yaml")
     stream = PromptStream(setup_dataset(cfg.data, "train"), cfg.train.prompts_per_step, cfg.data.seed)
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-    return [renderer.text(stream.next_batch()[0]) for _ in range(steps)]
+    return [renderer.text([stream.next_batch() for _ in range(draws)][0][0]) for _ in range(steps)]
 
 
 # Each run of the chain below is interrupted (or its learner killed) at one named phase by the test-only hook
@@ -216,10 +216,14 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(interrupted_th
 
 @pytest.fixture(scope="module")
 def async_interrupted_then_resumed(tmp_path_factory, tiny_model_dir):
-    """4 async steps, max_staleness 2, SIGINT while step 3's update runs, then --resume: (run_dir, runs, ckpt)."""
+    """4 async steps, max_staleness 2, SIGINT while step 3's update runs, then --resume: (run_dir, runs, ckpt).
+
+    Dynamic sampling is on: the tiny model's rewards never vary, so every step draws to its bound of 2 (a refill
+    generated ahead with the adapter at hand) and trains on its first draw."""
     run_dir = tmp_path_factory.mktemp("e2e") / "async"
     args = ["--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, "train.steps=4", "train.mode=async",
-            "train.max_staleness=2", "train.save_every=100"]
+            "train.max_staleness=2", "train.save_every=100", "train.dynamic_sampling.enabled=true",
+            "train.dynamic_sampling.max_draws=2"]
     first = run_with_fault(args, "learn:sigint@3")
     ckpt = saved_step(run_dir)
     second = run_with_fault(["--resume", str(run_dir)], "")
@@ -237,10 +241,12 @@ def test_async_staleness_is_bounded_and_resume_loses_and_repeats_nothing(async_i
     # bound); the resumed run regenerates step 4 with the restored adapter.
     assert [r["async/staleness_max"] for r in rows] == [0, 1, 2, 0], [r["async/staleness_max"] for r in rows]
     assert all(r["async/staleness_max"] <= 2 for r in rows)
+    assert [(r["dynamic/draws"], r["dynamic/kept_groups"], r["dynamic/bound_hit"]) for r in rows] == [(2, 0, 1)] * 4
+    assert all(r["learner/trained_samples"] == 2 * 4 for r in rows), "the first draw (2 groups of 4) is trained on"
     for r in rows:  # the learner's importance correction ran against each sample's own engine logprobs
         assert math.isfinite(r["learner/is_ratio_mean"]) and math.isfinite(r["learner/logprob_abs_diff"]), r
     samples = sample_rows(run_dir, "prompt")
-    expected = expected_prompt_texts(run_dir, 4)
+    expected = expected_prompt_texts(run_dir, 4, draws=2)  # no group varies: each step refills once, a full batch
     assert 4 in samples and all(samples[s] == expected[s - 1] for s in samples), "the data position did not continue"
 
 

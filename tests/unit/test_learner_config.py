@@ -6,12 +6,14 @@ ones (no weights needed); each builds the Tunix model abstractly to check the ma
 
 from __future__ import annotations
 
+import math
+
 import jax
 import pytest
 from flax import nnx
 from pydantic import ValidationError
 
-from learner.config import LearnerConfig, MeshConfig
+from learner.config import LearnerConfig, MeshConfig, OptimizerConfig
 from learner.mesh import learner_mesh, resolve_sizes, select_devices
 from learner.model import family_of, tunix_config
 from learner.config import DevicesConfig
@@ -87,3 +89,17 @@ def test_unsupported_model_type_and_rope_scaling_are_one_line_errors():
         family_of({"model_type": "mistral"})
     with pytest.raises(ValueError, match="rope_scaling"):
         tunix_config({**SMOLLM2, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+
+
+def test_cosine_schedule_decays_after_warm_up_and_holds_its_floor():
+    from learner.train_step import learning_rate
+
+    lr = learning_rate(OptimizerConfig(lr=1e-3, warmup_steps=2, schedule="cosine", decay_steps=4, final_lr_ratio=0.1))
+    got = [float(lr(i)) for i in range(8)]
+    assert got[:3] == pytest.approx([0.0, 5e-4, 1e-3]), "linear warm-up to lr"
+    assert got[3] == pytest.approx(1e-4 + 0.9e-3 * (1 + math.cos(math.pi / 4)) / 2, rel=1e-5)
+    assert got[6:] == pytest.approx([1e-4, 1e-4]), "held at final_lr_ratio x lr after decay_steps"
+    assert all(a >= b for a, b in zip(got[2:], got[3:])), "not decaying"
+    assert learning_rate(OptimizerConfig(lr=1e-3)) == 1e-3, "the default stays a constant"
+    with pytest.raises(ValidationError, match="cosine needs optimizer.decay_steps > 0"):
+        OptimizerConfig(schedule="cosine")

@@ -91,13 +91,14 @@ def test_bad_config(terms: list, match: str) -> None:
 
 def test_every_registered_reward_pickles_and_names_itself() -> None:
     samples = [Sample("p", CORRECT, {**REF, "answer": "46"}), Sample("p", "no no no no " * 20, {**REF, "answer": "1"})]
-    for name, cls in REWARDS.items():
-        fn = cls()
+    pure = [name for name in REWARDS if name != "judge"]  # the judge needs an engine: tests/unit/test_judge_reward.py
+    for name in pure:
+        fn = REWARDS[name]()
         assert fn.__name__ == name
         clone = pickle.loads(pickle.dumps(fn))
         assert [clone(s) for s in samples] == [fn(s) for s in samples]
-    rewards = setup_rewards(RewardsConfig(terms=[{"name": name} for name in REWARDS]))
-    assert rewards.names == list(REWARDS)
+    rewards = setup_rewards(RewardsConfig(terms=[{"name": name} for name in pure]))
+    assert rewards.names == pure
     assert pickle.loads(pickle.dumps(rewards)).score(samples).totals == rewards.score(samples).totals
 
 
