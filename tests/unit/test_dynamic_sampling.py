@@ -37,8 +37,8 @@ def drawer(source: PromptStream, varies, calls: list):
         prompts = source.next_batch(count)
         groups = [[Completion([1, 2], [-0.1, -0.2], "x", "stop") for _ in range(GROUP)] for _ in prompts]
         totals = [float(i % 2) if varies(p.uid) else 0.5 for p in prompts for i in range(GROUP)]
-        return Drawn(prompts, [[7]] * len(prompts), groups, [RewardResult(totals, {"r": totals}, [])],
-                     {"generate": 1.0, "score": 0.1})
+        return Drawn(prompts, [[7]] * len(prompts), [p.uid for p in prompts], groups,
+                     [RewardResult(totals, {"r": totals}, [])], totals, {"generate": 1.0, "score": 0.1})
 
     return draw
 
@@ -50,8 +50,9 @@ def test_refill_fills_the_batch_with_varying_groups_in_draw_order():
     assert len(kept) == 4
     assert all(varies(drawn.prompts[g].uid) for g in kept), "a constant group was kept"
     assert kept == sorted(kept) and kept == drawn.varying()[:4], "kept groups are not the first varying ones"
-    prompts, _, completions, totals = drawn.take(kept)
-    assert len(prompts) == len(completions) == 4 and len(totals) == 4 * GROUP
+    batch = drawn.take(kept)
+    assert len(batch.prompts) == len(batch.completions) == len(batch.texts) == 4 and len(batch.totals) == 4 * GROUP
+    assert batch.texts == [drawn.prompts[g].uid for g in kept], "a kept group's prompt text is another group's"
     assert [first for _, first in calls] == [sum(c for c, _ in calls[:i]) for i in range(len(calls))], \
         "a refill's first prompt index must continue the step's (request seeds)"
     assert calls[0] == (4, 0), "the first draw is prompts_per_step prompts, as without dynamic sampling"
