@@ -18,7 +18,7 @@ from orchestration.config import load_config
 from orchestration.judge import judge_term, setup_judge
 from rewards import Sample, setup_rewards
 from rollout.config import RolloutConfig, VllmConfig
-from rollout.peft_layout import random_peft_adapter
+from rollout.peft_adapter import random_peft_adapter
 from conftest import running_rollout
 
 pytestmark = pytest.mark.integration
