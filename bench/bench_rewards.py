@@ -77,6 +77,8 @@ def main() -> None:
     print(f"{len(samples)} countdown completions ({chars:.0f} chars), {len(math_samples)} math completions")
     rates = {}
     for name, cls in REWARDS.items():
+        if name == "judge":  # a model's grade through an engine, not a function of the text: bench/bench_judge.py
+            continue
         fn, batch = cls(), math_samples if name == "math_answer" else samples
         for sample in batch[:100]:  # warm caches (regex compilation)
             fn(sample)

@@ -49,6 +49,8 @@ def resumed_from_step_1(judged_run, tmp_path_factory) -> Path:
     for ckpt in (run_dir / "checkpoints").iterdir():
         if ckpt.name.isdigit() and int(ckpt.name) > 1:
             shutil.rmtree(ckpt)
+    # The driver's record of the newest save goes back with them (a resume refuses a learner short of it).
+    (run_dir / "saved.json").write_text(json.dumps({"step": 1, "checkpoints": str(run_dir / "checkpoints")}))
     run_train(["--resume", str(run_dir)])
     return run_dir
 
