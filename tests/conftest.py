@@ -22,6 +22,32 @@ from rollout.config import default_engine_python
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# scripts/test.sh runs the suite as two pytest processes side by side, one per lane (AHA_TEST_LANE). The "compile"
+# lane holds what starts no engine and no Ray cluster and mostly keeps one core busy in XLA's compiler or in Python
+# (the unit tests, preflight's TPU compiles); the "live" lane the rest. Alone, the live lane leaves about 40% of this
+# 2-core box idle while it waits on servers, runs and subprocesses; the compile lane, at a lower priority, fills it.
+COMPILE_LANE = (
+    "tests/unit/",
+    "tests/integration/test_preflight.py",
+    "tests/integration/test_tpu_env_topology.py",
+    "tests/integration/test_lora_delta_tpu.py",
+)
+LANES = ("compile", "live")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    lane = os.environ.get("AHA_TEST_LANE")
+    if not lane:
+        return
+    if lane not in LANES:
+        raise pytest.UsageError(f"AHA_TEST_LANE={lane!r}: use one of {LANES} (or leave it unset for every test)")
+    keep, drop = [], []
+    for item in items:
+        (keep if item.nodeid.startswith(COMPILE_LANE) == (lane == "compile") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # gcsfs reads this once, at import: its zonal-bucket probes speak gRPC, which the tests' GCS emulator does not.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
