@@ -26,6 +26,7 @@ import ipaddress
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -225,7 +226,13 @@ class MultiNodeCluster:
     def _in_node(self, name: str, argv: list[str]) -> list[str]:
         """`argv` run inside node `name`: its network namespace and a private mount namespace over its own /tmp."""
         disk = self.workdir / f"disk-{name}"
-        script = f'mount --bind {disk} /tmp && cd / && exec "$@"'
+        # A checkout (or its env) under /tmp would vanish under the node's own /tmp: bind it back in first.
+        under = {p for p in (ROOT, VENV_BIN.parent, VENV_BIN.resolve().parent)
+                 if p.is_relative_to("/tmp") and not p.is_relative_to(self.workdir)}
+        keep = sorted(p for p in under if not any(p != q and p.is_relative_to(q) for q in under))
+        binds = "".join(f"mkdir -p {shlex.quote(str(disk / p.relative_to('/tmp')))} && mount --bind "
+                        f"{shlex.quote(str(p))} {shlex.quote(str(disk / p.relative_to('/tmp')))} && " for p in keep)
+        script = f'{binds}mount --rbind {disk} /tmp && cd / && exec "$@"'  # rbind: with the binds in it
         return ["ip", "netns", "exec", self.namespaces[name], "unshare", "--mount", "--propagation", "private",
                 "--", "sh", "-c", script, "sh", *argv]
 
