@@ -4,9 +4,10 @@
 # The TPU env checks (tests/integration/test_tpu_envs.py) install the learner's jax[tpu] env and resolve the vllm-tpu
 # engine env: built once per lock into $AHA_CACHE, seconds afterwards.
 #
-# The whole suite runs as two pytest processes side by side (the lanes of tests/conftest.py): the "live" lane (engines,
-# Ray, training runs) in the foreground, the "compile" lane (unit tests, preflight's TPU compiles: no engine, no Ray)
-# beside it at a lower priority, its report printed after the live lane's. Naming test paths runs one pytest process.
+# The whole suite runs as three pytest processes side by side, the lanes of tests/conftest.py: "live" in the
+# foreground, "live2" and "compile" (unit tests, preflight's TPU compiles: no engine, no Ray) beside it at lower
+# priorities, their reports printed after the live lane's, then one line per lane. Naming test paths runs one pytest
+# process, as before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_envs.sh
@@ -18,29 +19,35 @@ for arg in "$@"; do
   fi
 done
 
-compile_log=$(mktemp -t aha-compile-lane.XXXXXX)
-live_log=$(mktemp -t aha-live-lane.XXXXXX)
-AHA_TEST_LANE=compile nice -n 10 "${PYTEST[@]}" tests "$@" >"$compile_log" 2>&1 &
-compile_pid=$!
-trap 'kill "$compile_pid" 2>/dev/null || true; rm -f "$compile_log" "$live_log"' EXIT
+logs=$(mktemp -d -t aha-lanes.XXXXXX)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$logs"' EXIT
+# lane:niceness of the lanes that run in the background
+for lane in live2:5 compile:10; do
+  AHA_TEST_LANE=${lane%:*} nice -n "${lane#*:}" "${PYTEST[@]}" tests "$@" >"$logs/${lane%:*}" 2>&1 &
+  pids+=($!)
+done
 
 set +e
-AHA_TEST_LANE=live "${PYTEST[@]}" tests "$@" 2>&1 | tee "$live_log"
-live=${PIPESTATUS[0]}
-wait "$compile_pid"
-compile=$?
+AHA_TEST_LANE=live "${PYTEST[@]}" tests "$@" 2>&1 | tee "$logs/live"
+declare -A code=([live]=${PIPESTATUS[0]})
+wait "${pids[0]}"; code[live2]=$?
+wait "${pids[1]}"; code[compile]=$?
 set -e
 
+for lane in live2 compile; do
+  echo
+  echo "==================== the $lane lane (run beside the live lane above) ===================="
+  cat "$logs/$lane"
+done
 echo
-echo "==================== the compile lane (run beside the live lane above) ===================="
-cat "$compile_log"
-echo
-# pytest's 5 is "no tests collected": a -k or -m that selects nothing in one lane is not a failure of it.
-[ "$live" -eq 5 ] && [ "$compile" -ne 5 ] && live=0
-[ "$compile" -eq 5 ] && [ "$live" -ne 5 ] && compile=0
+# pytest's 5 is "no tests collected": a -k or -m that selects nothing in one lane is not a failure of that lane.
 summary='(passed|failed|error|deselected|no tests ran).* in [0-9.]+s'
-echo "live lane:    $(grep -E "$summary" "$live_log" | tail -1) (exit $live)"
-echo "compile lane: $(grep -E "$summary" "$compile_log" | tail -1) (exit $compile)"
-[ "$live" -eq 0 ] && [ "$compile" -eq 0 ] && exit 0
-[ "$live" -ne 0 ] && exit "$live"
-exit "$compile"
+status=0
+for lane in live live2 compile; do
+  echo "$lane lane: $(grep -E "$summary" "$logs/$lane" | tail -1) (exit ${code[$lane]})"
+  if [ "${code[$lane]}" -ne 0 ] && [ "${code[$lane]}" -ne 5 ] && [ "$status" -eq 0 ]; then
+    status=${code[$lane]}
+  fi
+done
+exit "$status"

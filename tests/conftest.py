@@ -23,17 +23,50 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-# scripts/test.sh runs the suite as two pytest processes side by side, one per lane (AHA_TEST_LANE). The "compile"
-# lane holds what starts no engine and no Ray cluster and mostly keeps one core busy in XLA's compiler or in Python
-# (the unit tests, preflight's TPU compiles); the "live" lane the rest. Alone, the live lane leaves about 40% of this
-# 2-core box idle while it waits on servers, runs and subprocesses; the compile lane, at a lower priority, fills it.
-COMPILE_LANE = (
-    "tests/unit/",
-    "tests/integration/test_preflight.py",
-    "tests/integration/test_tpu_env_topology.py",
-    "tests/integration/test_lora_delta_tpu.py",
-)
-LANES = ("compile", "live")
+# scripts/test.sh runs the whole suite as three pytest processes side by side, one per lane (AHA_TEST_LANE). Alone,
+# one pytest process leaves about 40% of this 2-core box idle while it waits on servers, runs and subprocesses.
+# "compile": what starts no engine and no Ray cluster and mostly keeps one core busy in XLA's compiler or in Python
+# (the unit tests, preflight's TPU compiles); "live2" and "live": the tests that start engines, Ray clusters and
+# training runs, split in two halves of about equal time (measured with --durations=0). A module stays in one lane, so
+# its module-scoped servers and clusters are shared as before.
+LANES = {
+    "compile": (
+        "tests/unit/",
+        "tests/integration/test_preflight.py",
+        "tests/integration/test_tpu_env_topology.py",
+        "tests/integration/test_lora_delta_tpu.py",
+        "tests/integration/test_bench_smoke.py",
+        "tests/integration/test_gemma3_270m.py",
+    ),
+    "live2": (
+        "tests/integration/test_learner_engine_agreement.py",
+        "tests/integration/test_train_families.py",
+        "tests/integration/test_sglang_jax_contract.py",
+        "tests/integration/test_sglang_jax_train.py",
+        "tests/integration/test_sglang_jax_wire.py",
+        "tests/integration/test_dynamic_sampling_e2e.py",
+        "tests/integration/test_rollout_lora.py",
+        "tests/integration/test_rollout_sampling.py",
+        "tests/integration/test_multiturn.py",
+        "tests/integration/test_tpu_envs.py",
+        "tests/integration/test_tpu_placement.py",
+        "tests/integration/test_learner_actor.py",
+        "tests/integration/test_resume_missing_checkpoint.py",
+        "tests/integration/test_run_storage.py",
+        "tests/integration/test_learner_step.py",
+        "tests/integration/test_lora_families.py",
+        "tests/integration/test_shared_prompts.py",
+        "tests/integration/test_learner_model.py",
+        "tests/integration/test_learner_checkpoint.py",
+        "tests/integration/test_learner_export.py",
+        "tests/integration/test_learner_vllm_sampler.py",
+    ),
+    "live": (),  # everything else
+}
+
+
+def lane_of(nodeid: str) -> str:
+    return next((lane for lane, prefixes in LANES.items() if prefixes and nodeid.startswith(prefixes)), "live")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -41,10 +74,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     if not lane:
         return
     if lane not in LANES:
-        raise pytest.UsageError(f"AHA_TEST_LANE={lane!r}: use one of {LANES} (or leave it unset for every test)")
+        raise pytest.UsageError(f"AHA_TEST_LANE={lane!r}: use one of {tuple(LANES)} (or leave it unset for every test)")
     keep, drop = [], []
     for item in items:
-        (keep if item.nodeid.startswith(COMPILE_LANE) == (lane == "compile") else drop).append(item)
+        (keep if lane_of(item.nodeid) == lane else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
