@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestration import stats
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.heldout import eval_prompts, eval_sampling, score_policy
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "countdown_smollm2_cpu.yaml"

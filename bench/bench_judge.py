@@ -38,7 +38,7 @@ JUDGE_SAMPLING = {"temperature": 0.0, "max_tokens": 1, "extra": {"allowed_token_
 
 def judge_overrides(engine: str, config: Path) -> list[str]:
     """The config's reward terms plus a weight-0 judge term on `engine`."""
-    from orchestration.config import load_config
+    from orchestration.config_files import load_config
 
     terms = [t.model_dump() for t in load_config(config).rewards.terms]
     judge = {"name": "judge", "weight": 0.0,

@@ -49,7 +49,7 @@ def run(mode: str, steps: int, config: Path, overrides: list[str], out: Path) ->
 
 def tunix_step_s(steps: int, config: Path, overrides: list[str]) -> float:
     """Tunix's colocated pipeline on the same model and batch as our runs (read from the resolved config)."""
-    from orchestration.config import load_config
+    from orchestration.config_files import load_config
 
     cfg = load_config(config, overrides)
     cmd = [sys.executable, str(ROOT / "bench" / "bench_tunix_loop.py"), "--steps", str(steps), "--config", str(config),

@@ -85,7 +85,7 @@ def theirs(rollout: Rollout, path: Path, args: argparse.Namespace) -> float:
 
 def demo_prompts(path: Path, count: int) -> list[list[int]]:
     """The demo config's first `count` training prompts, as the loop renders them (chat template, token ids)."""
-    from orchestration.config import load_config
+    from orchestration.config_files import load_config
     from tasks import setup_dataset
     from tasks.render import PromptRenderer
 

@@ -191,7 +191,7 @@ def instrument(learner, steps: int) -> dict[str, list[float]]:
 
 def main() -> None:
     args = parse_args()
-    from orchestration.config import load_config
+    from orchestration.config_files import load_config
 
     cfg = load_config(args.config)
     if cfg.learner.grpo.loss_agg != "token-mean" or not cfg.learner.grpo.std_normalize:

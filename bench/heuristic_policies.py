@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestration import stats
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.heldout import eval_prompts
 from rewards.registry import setup_rewards
 from rewards.types import Sample

@@ -1,18 +1,17 @@
-"""One typed config tree for a run: YAML in, dotted overrides, one readable line per mistake.
+"""The schema of a run's one typed config tree.
 
 Each component owns its sub-config (`rollout.config`, `learner.config`, `rewards.config`, `tasks`);
 this module only composes them and checks the few rules that span two parts (validators check, never rewrite).
-Nothing here imports jax or an engine, so `--help` and config errors are instant.
+YAML in and out with dotted overrides: orchestration/config_files.py; one readable line per mistake:
+orchestration/config_errors.py. Nothing here imports jax or an engine, so `--help` and config errors are instant.
 """
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from learner.config import LearnerConfig
 from tasks import DataConfig
@@ -388,115 +387,3 @@ class RunConfig(Strict):
                 raise ValueError(f"{where}.max_tokens ({sampling.max_tokens}) leaves no room for the rubric in the "
                                  f"judge's max_model_len ({backend.max_model_len}); lower it")
         return self
-
-
-class ConfigError(ValueError):
-    """A config mistake, already formatted as one line per problem."""
-
-
-def _parse_scalar(text: str) -> Any:
-    # YAML rules for override values, so `lr=1e-5`, `x=true`, `stop=["a","b"]` and `name=null` behave as in files.
-    return yaml.safe_load(text)
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `a.b.c=value` overrides to a nested dict (creating missing levels)."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. learner.optimizer.lr=1e-5)")
-        key, value = item.split("=", 1)
-        node = raw
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {key}: {part} is a value, not a section")
-            node = child
-        node[parts[-1]] = _parse_scalar(value)
-    return raw
-
-
-def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every dotted leaf path of a config tree (`learner.optimizer.lr`, ...); a union contributes each member's."""
-    paths = []
-    for name, info in model.model_fields.items():
-        args = getattr(info.annotation, "__args__", None) or (info.annotation,)
-        submodels = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-        paths += [p for m in submodels for p in leaf_paths(m, f"{prefix}{name}.")] or [f"{prefix}{name}"]
-    return sorted(set(paths))
-
-
-def _user_paths(loc: tuple, value: Any) -> list[str]:
-    """The dotted paths a user wrote at an unknown key: the key itself, or the leaves under it if it is a section."""
-    base = ".".join(str(p) for p in loc if not isinstance(p, int))  # list positions (rewards.terms.0) are no key
-    if isinstance(value, dict) and value:
-        return [p for k, v in value.items() for p in _user_paths((*loc, k), v)]
-    return [base]
-
-
-def _closeness(wrote: str, leaf: str) -> float:
-    # Half the last name (`lrr` ~ `lr`), half the whole path (`rolout.sampling.n` ~ `rollout.sampling.n`): the name
-    # alone ties across sections, the path alone prefers a sibling with a long shared prefix over the right leaf.
-    # A name cut short (`gpu_mem` of gpu_memory_utilization) counts as close.
-    short, full = wrote.rsplit(".", 1)[-1], leaf.rsplit(".", 1)[-1]
-    name = 0.9 if len(short) >= 3 and full.startswith(short) else difflib.SequenceMatcher(None, short, full).ratio()
-    return 0.5 * name + 0.5 * difflib.SequenceMatcher(None, wrote, leaf).ratio()
-
-
-def _did_you_mean(loc: tuple, value: Any) -> str:
-    """Suggest the closest leaf of the whole RunConfig tree for an unknown key (`learner.lrr` -> learner.optimizer.lr)."""
-    leaves = leaf_paths(RunConfig)
-    best = []
-    for wrote in _user_paths(loc, value):
-        score, leaf = max((_closeness(wrote, leaf), leaf) for leaf in leaves)
-        if score >= 0.6 and leaf not in best:
-            best.append(leaf)
-    return f"; did you mean {' / '.join(best[:3])}?" if best else ""
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: `learner.optimizer.lr: Input should be greater than 0 (got -1)`."""
-    lines = []
-    for entry in err.errors():
-        loc = tuple(p for p in entry["loc"] if not (isinstance(p, str) and p in {"vllm", "sglang_jax"}))
-        path = ".".join(str(p) for p in loc) or "<root>"
-        if entry["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key{_did_you_mean(loc, entry['input'])}")
-            continue
-        msg = entry["msg"].removeprefix("Value error, ")
-        got = f" (got {entry['input']!r})" if entry["type"] != "missing" and not isinstance(entry["input"], dict) else ""
-        # A validator's message that already starts with the full key path is not prefixed twice.
-        lines.append(f"{path}: {msg}{got}" if loc and not msg.startswith(f"{path}.") else msg)
-    return "\n".join(lines)
-
-
-def error_report(err: Exception, prefix: str = "config error") -> str:
-    """What a CLI prints for a ConfigError: one line for one problem; for several (ConfigError lists them all),
-    a count line, then a line per problem. Every CLI (train, preflight, serve, eval) prints it the same way."""
-    problems = str(err).splitlines()
-    if len(problems) == 1:
-        return f"{prefix}: {problems[0]}"
-    return "\n".join([f"{prefix}: {len(problems)} problems:", *problems])
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML, apply dotted overrides, validate. Raises ConfigError with readable lines."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} not found (shipped configs are in configs/)")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections (model, rollout, learner, ...)")
-    raw = apply_overrides(raw, overrides or [])
-    try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
-
-
-def dump_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config (every default filled in) so a run can be resumed or reproduced from it."""
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

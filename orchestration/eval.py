@@ -27,9 +27,9 @@ import numpy as np
 from orchestration import signals, stats
 from pydantic import ValidationError
 
-from orchestration.config import (
-    ConfigError, RunConfig, error_report, format_validation_error, load_config, part_config,
-)
+from orchestration.config import RunConfig, part_config
+from orchestration.config_errors import ConfigError, error_report, format_validation_error
+from orchestration.config_files import load_config
 from tasks import Prompt
 from rollout.config import RolloutConfig
 from rollout.peft_adapter import ADAPTER_WEIGHTS, read_adapter

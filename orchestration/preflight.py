@@ -22,7 +22,9 @@ import os
 import sys
 from pathlib import Path
 
-from orchestration.config import ConfigError, RunConfig, error_report, load_config
+from orchestration.config import RunConfig
+from orchestration.config_errors import ConfigError, error_report
+from orchestration.config_files import load_config
 from orchestration.prepare_model import cache_dir
 
 REPO = Path(__file__).resolve().parent.parent

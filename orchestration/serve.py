@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.config import ConfigError, RunConfig, error_report, load_config
+from orchestration.config import RunConfig
+from orchestration.config_errors import ConfigError, error_report
+from orchestration.config_files import load_config
 from orchestration.run_dir import local_copy
 from rollout.peft_adapter import ADAPTER_CONFIG
 from storage.uri import absolute

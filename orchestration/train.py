@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.config import ConfigError, RunConfig, dump_config, error_report, load_config
+from orchestration.config import RunConfig
+from orchestration.config_errors import ConfigError, error_report
+from orchestration.config_files import dump_config, load_config
 from orchestration.run_dir import RunDir, RunDirError
 from storage.uri import download, exists
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.judge import judge_term, setup_judge
 from rewards import Sample, setup_rewards
 from rollout.config import RolloutConfig, VllmConfig

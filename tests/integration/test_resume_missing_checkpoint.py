@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import dump_config, load_config
+from orchestration.config_files import dump_config, load_config
 from orchestration.run_dir import RunDir
 
 pytestmark = pytest.mark.integration

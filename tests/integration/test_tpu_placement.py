@@ -30,7 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from learner.group import with_env as learner_with_env
 from orchestration import placement
 from orchestration.cluster import engine_replica_env, learner_process_env, learner_runtime_env
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from rollout.fleet import with_env as engine_with_env
 
 pytestmark = pytest.mark.integration

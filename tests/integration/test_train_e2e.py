@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MARK, marked_processes
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
 from rollout.server_process import free_port

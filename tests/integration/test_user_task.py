@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.metrics import read_metrics
 from tasks import PromptStream, setup_dataset
 from tasks.render import PromptRenderer

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from learner.sampling import SamplingTransform
-from orchestration.config import ConfigError, load_config
+from orchestration.config_errors import ConfigError
+from orchestration.config_files import load_config
 from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
 from rollout.config import VllmConfig
 from rollout.engine_config import EngineConfig

@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestration.config import RunConfig, leaf_paths
+from orchestration.config import RunConfig
+from orchestration.config_errors import leaf_paths
 from orchestration.config_reference import DOC, REGENERATE, render, sections
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import ConfigError, RunConfig, dump_config, leaf_paths, load_config
+from orchestration.config import RunConfig
+from orchestration.config_errors import ConfigError, leaf_paths
+from orchestration.config_files import dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

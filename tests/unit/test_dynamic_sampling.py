@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.dynamic_sampling import Drawn, fill_batch, refill_size
 from orchestration.loop import request_seeds
 from rewards.registry import RewardResult
@@ -124,7 +124,7 @@ def test_dynamic_sampling_config_is_checked():
     cfg = load_config(ROOT / "configs" / "countdown_smollm2_cpu.yaml",
                       ["train.dynamic_sampling.enabled=true", "train.dynamic_sampling.max_draws=3"])
     assert cfg.train.dynamic_sampling.max_draws == 3
-    from orchestration.config import ConfigError
+    from orchestration.config_errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.dynamic_sampling.max_draws"):
         load_config(ROOT / "configs" / "countdown_smollm2_cpu.yaml", ["train.dynamic_sampling.max_draws=0"])

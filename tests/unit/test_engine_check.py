@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.engine_check import EngineMismatchError, check_engine_agreement
 from orchestration.prepare_model import model_dir
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestration import eval as eval_cli
-from orchestration.config import ConfigError
+from orchestration.config_errors import ConfigError
 from tasks import DataConfig, setup_dataset
 from orchestration.heldout import PolicyScores, eval_prompts, eval_sampling
 from rollout.sampling import SamplingParams

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestration.cluster import with_run_key
-from orchestration.config import ActorResources, RunConfig, load_config
+from orchestration.config import ActorResources, RunConfig
+from orchestration.config_files import load_config
 from orchestration.resources import demands, shortfall
 from orchestration.run_dir import RunDir, RunDirError, check_shared
 from rollout.config import RolloutConfig, VllmConfig

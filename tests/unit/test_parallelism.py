@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import ConfigError, load_config
+from orchestration.config_errors import ConfigError
+from orchestration.config_files import load_config
 from orchestration.parallelism import report, tp_problem
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.resources import demands, shortfall
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -162,7 +162,7 @@ def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, k
     adapter (merged or attached at start-up, under the run's name) and the API key."""
     import argparse
 
-    from orchestration.config import load_config
+    from orchestration.config_files import load_config
     from orchestration.serve import serving_backend
 
     cfg = load_config(Path(__file__).parents[2] / "configs" / "countdown_smollm2_cpu.yaml",

@@ -21,7 +21,7 @@ from ray._private.accelerators import tpu as ray_tpu
 
 from orchestration import tpu_env
 from orchestration.cluster import engine_replica_env, learner_process_env, learner_runtime_env
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from orchestration.tpu_env import Topology, engine_envs, isolated_env, learner_envs, subslice_env
 
 ROOT = Path(__file__).resolve().parents[2]

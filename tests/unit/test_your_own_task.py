@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestration.config import load_config
+from orchestration.config_files import load_config
 from rewards import Sample, setup_rewards
 from tasks import setup_dataset
 
