@@ -24,7 +24,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 # scripts/test.sh runs the whole suite as three pytest processes side by side, one per lane (AHA_TEST_LANE). Alone,
-# one pytest process leaves about 40% of this 2-core box idle while it waits on servers, runs and subprocesses.
+# one pytest process leaves about 40% of this 2-core box idle while it waits on servers, runs and subprocesses
+# (bench/cpu_busy.py beside it; docs/benchmarks.md).
 # "compile": what starts no engine and no Ray cluster and mostly keeps one core busy in XLA's compiler or in Python
 # (the unit tests, preflight's TPU compiles); "live2" and "live": the tests that start engines, Ray clusters and
 # training runs, split in two halves of about equal time (measured with --durations=0). A module stays in one lane, so
@@ -173,3 +174,31 @@ def running_rollout(cfg, model_dir: Path) -> Iterator:
         rollout.stop()
         if started:
             ray.shutdown()
+
+
+def perturbed_learner(model_dir: Path, rank: int, **settings):
+    """A real learner on devices 1-2 (LoRA rank `rank`, alpha 16, `settings` merged into its config) whose base
+    weights are moved off the tiny random checkpoint (+0.2 N(0, 1), key 1), so logprob comparisons are not trivial."""
+    import jax
+
+    from learner.config import LearnerConfig
+    from learner.learner import Learner
+
+    cfg = LearnerConfig.model_validate({"devices": {"offset": 1, "count": 2}, "lora": {"rank": rank, "alpha": 16},
+                                        **settings})
+    learner = Learner(cfg, model_dir)
+    keys = iter(jax.random.split(jax.random.key(1), 1000))
+    learner.params = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), learner.params)
+    return learner
+
+
+@contextlib.contextmanager
+def rollout_serving(learner, model_dir: Path, rank: int) -> Iterator:
+    """A real vLLM engine (running_rollout) serving `learner`'s LoRA as adapter version 1."""
+    from rollout.config import ClientConfig, RolloutConfig, VllmConfig
+
+    cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=rank, kv_cache_space_gb=1),
+                        client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
+    with running_rollout(cfg, model_dir) as rollout:
+        rollout.push_lora(1, *learner.lora_tensors())
+        yield rollout

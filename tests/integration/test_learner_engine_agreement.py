@@ -17,13 +17,10 @@ import pytest
 
 from learner import train_step as ts
 from learner.batch import TrainBatch
-from learner.config import LearnerConfig
-from learner.learner import Learner
 from learner.sampling import SamplingTransform, model_eos_ids
-from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
 from rollout.sampling import SamplingParams
-from conftest import running_rollout
+from conftest import perturbed_learner, rollout_serving
 from orchestration.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
@@ -47,19 +44,12 @@ def family_dir(request, tiny_family_dir):
 
 @pytest.fixture(scope="module")
 def learner(family_dir):
-    cfg = LearnerConfig.model_validate({"devices": {"offset": 1, "count": 2}, "lora": {"rank": RANK, "alpha": 16}})
-    learner = Learner(cfg, family_dir)
-    keys = iter(jax.random.split(jax.random.key(1), 1000))
-    learner.params = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), learner.params)
-    return learner
+    return perturbed_learner(family_dir, RANK)
 
 
 @pytest.fixture(scope="module")
 def rollout(family_dir, learner):
-    cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
-                        client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
-    with running_rollout(cfg, family_dir) as rollout:
-        rollout.push_lora(1, *learner.lora_tensors())
+    with rollout_serving(learner, family_dir, RANK) as rollout:
         yield rollout
 
 

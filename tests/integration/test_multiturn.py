@@ -24,14 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import running_rollout
+from conftest import perturbed_learner, rollout_serving
 from learner import train_step as ts
 from learner.batch import TrainBatch
-from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
 from orchestration.episodes import EpisodeSample, Group, Limits, play
-from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.sampling import SamplingParams
 from tasks.config import DataConfig
 from tasks.environments.base import ModelTurn
@@ -50,20 +48,12 @@ TOLERANCE, VACUITY_FLOOR = 1e-3, 5e-2
 
 @pytest.fixture(scope="module")
 def learner(tiny_model_dir):
-    cfg = LearnerConfig.model_validate({"devices": {"offset": 1, "count": 2}, "lora": {"rank": RANK, "alpha": 16},
-                                        "grpo": {"std_normalize": False}, "optimizer": {"lr": 1e-3}})
-    learner = Learner(cfg, tiny_model_dir)
-    keys = iter(jax.random.split(jax.random.key(1), 1000))
-    learner.params = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), learner.params)
-    return learner
+    return perturbed_learner(tiny_model_dir, RANK, grpo={"std_normalize": False}, optimizer={"lr": 1e-3})
 
 
 @pytest.fixture(scope="module")
 def rollout(tiny_model_dir, learner):
-    cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=RANK, kv_cache_space_gb=1),
-                        client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
-    with running_rollout(cfg, tiny_model_dir) as rollout:
-        rollout.push_lora(1, *learner.lora_tensors())
+    with rollout_serving(learner, tiny_model_dir, RANK) as rollout:
         yield rollout
 
 
