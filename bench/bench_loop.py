@@ -34,6 +34,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The loop's mechanics at the demo's shape, like for like with Tunix's loop: one draw per step (a refill's extra
+# generation varies from step to step) and no KL term (Tunix's side runs without a reference model).
+LIKE_FOR_LIKE = ["train.dynamic_sampling.enabled=false", "learner.grpo.kl_beta=0.0"]
 
 from orchestration.metrics import read_metrics  # noqa: E402
 
@@ -54,7 +57,7 @@ def tunix_step_s(steps: int, config: Path, overrides: list[str]) -> float:
     cfg = load_config(config, overrides)
     cmd = [sys.executable, str(ROOT / "bench" / "bench_tunix_loop.py"), "--steps", str(steps), "--config", str(config),
            "--model", str(cfg.model.path), "--max-tokens", str(cfg.rollout.sampling.max_tokens),
-           "--prompts-per-step", str(cfg.train.prompts_per_step), "--n", str(cfg.rollout.sampling.n)]
+           "--prompts-per-step", str(cfg.train.prompts_per_step), "--n", str(cfg.rollout.sampling.n), *overrides]
     print(f"running tunix: {' '.join(cmd[1:])}", flush=True)
     out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     print("".join(line + "\n" for line in out.splitlines() if line.startswith("tunix")), end="")
@@ -84,6 +87,7 @@ def main() -> None:
                    "the rest (Tunix: all of them)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    args.overrides = LIKE_FOR_LIKE + args.overrides
     ours_overrides = args.overrides + (pinned_cores() if args.pin else [])
     with tempfile.TemporaryDirectory(prefix="aha-bench-") as tmp:
         sync = run("sync", args.steps, args.config, ours_overrides, Path(tmp))

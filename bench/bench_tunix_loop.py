@@ -65,6 +65,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--n", type=int, default=8, help="generations per prompt (GRPO group size)")
+    p.add_argument("overrides", nargs="*", default=["learner.grpo.kl_beta=0.0"],
+                   help="config overrides (default: the demo's KL term off, which this loop does not mirror)")
     args = p.parse_args()
     if args.steps < 2:
         p.error(f"--steps {args.steps}: need >= 2, the first step compiles and is not timed")
@@ -193,7 +195,7 @@ def main() -> None:
     args = parse_args()
     from orchestration.config_files import load_config
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.overrides)
     if cfg.learner.grpo.loss_agg != "token-mean" or not cfg.learner.grpo.std_normalize:
         raise ValueError(f"{args.config}: this benchmark mirrors token-mean loss with std-normalised advantages")
     from absl import logging as absl_logging

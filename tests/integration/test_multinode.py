@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/countdown_smollm2_cpu.yaml"
 TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24", "train.prompts_per_step=2",
         "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8", "eval.every=0",
-        "rollout.backend.kv_cache_space_gb=1"]
+        "rollout.backend.kv_cache_space_gb=1", "train.dynamic_sampling.enabled=false", "learner.grpo.kl_beta=0.0"]
 NODES = {"head": {}, "b": {"node_b": 1}, "c": {"node_c": 1, "engine_host": 1}, "d": {"node_d": 1, "engine_host": 1}}
 ENGINES = "rollout.resources.custom={engine_host: 1}"
 

@@ -20,12 +20,12 @@ import pytest
 
 from orchestration.config_files import dump_config, load_config
 from orchestration.run_dir import RunDir
+from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24", "train.prompts_per_step=2",
-        "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8", "eval.every=0", "train.steps=3"]
+TINY = [*E2E_TINY, "train.steps=3"]
 
 
 def test_resume_that_cannot_see_the_saved_checkpoint_fails_and_keeps_every_row(tmp_path, tiny_model_dir):
