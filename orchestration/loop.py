@@ -357,9 +357,12 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
         # 6. export_lora + load_lora (timing/sync)
         state.where = ("push", step)
         t0 = time.perf_counter()
+        events_before = len(parts.rollout.events)
         pause = push_adapter(parts, step, fault)
         version = step
         t_sync = time.perf_counter() - t0
+        # rollout/restarts: the step's generation counted its own; a server that died in the push counts here.
+        metrics["rollout/restarts"] = metrics.get("rollout/restarts", 0) + len(parts.rollout.events) - events_before
         # 7. log, maybe save
         metrics.update({"rollout/adapter_version": version, "timing/learn": t_learn, "timing/sync": t_sync,
                         "timing/push_pause": pause, "timing/step": time.perf_counter() - t_step})

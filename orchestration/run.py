@@ -101,7 +101,8 @@ def placement_of(parts: Parts) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Mean reward over the first and last few steps: the headline of a run."""
+    """Mean reward over the first and last few steps, the mean step time and the engine restarts of the whole run
+    (resumed parts included): the headline of a run."""
     if not rows:
         return {"steps": 0}
     k = max(1, min(5, len(rows) // 3))
@@ -109,7 +110,8 @@ def summarize(rows: list[dict]) -> dict:
     first = [r["reward/total"] for r in rows[:k]]
     last = [r["reward/total"] for r in rows[-k:]]
     return {"steps": rows[-1]["step"], f"reward_first_{k}": sum(first) / k, f"reward_last_{k}": sum(last) / k,
-            "mean_step_s": float(np.mean(timed)) if timed else None}
+            "mean_step_s": float(np.mean(timed)) if timed else None,
+            "engine_restarts": int(sum(r.get("rollout/restarts", 0) for r in rows))}
 
 
 def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopState | None, run_dir: RunDir) -> str:

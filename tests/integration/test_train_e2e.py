@@ -165,7 +165,9 @@ def test_stopped_run_saves_the_last_finished_step_says_so_once_and_fails(interru
 def test_engine_killed_while_generating_pushing_and_between_steps_loses_no_step(interrupted_then_resumed):
     run_dir, results = interrupted_then_resumed
     rows = {r["step"]: r for r in read_metrics(run_dir)}
-    assert sum(r["rollout/restarts"] for r in rows.values()) >= 2, "generation restarts not recorded in metrics"
+    restarted = sum(r["rollout/restarts"] for r in rows.values())
+    assert restarted >= 2, "generation restarts not recorded in metrics"
+    assert json.loads((run_dir / "summary.json").read_text())["engine_restarts"] == restarted, "summary's restarts"
     outs = "".join(proc.stdout for _, proc, _ in results[2:4])
     restarts = outs.count("rollout.handle: rollout server died and was restarted")
     assert restarts == 3, f"{restarts} restarts logged for 3 engine kills (generate, push, between steps)"
