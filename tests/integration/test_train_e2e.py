@@ -154,7 +154,7 @@ def test_stopped_run_saves_the_last_finished_step_says_so_once_and_fails(interru
     code = {"sigint": 128 + signal.SIGINT, "sigterm": 128 + signal.SIGTERM, "kill_learner": 1}[kind]
     assert proc.returncode == code, f"{fault}: exit {proc.returncode}, expected {code}:\n{out[-3000:]}"
     lines = stop_lines(out)
-    assert len(lines) == 1, f"{fault}: expected one stop line, got {lines}"
+    assert len(lines) == 1, f"{fault}: expected one stop line, got {lines}:\n{out[-3000:]}"
     assert f"at phase {phase} of step {last.split('@')[1]}" in lines[0], lines[0]
     assert f"checkpoint saved at step {expected}" in lines[0] and "--resume" in lines[0], lines[0]
     assert ckpt == expected, f"{fault}: checkpoint holds step {ckpt}, the last finished step is {expected}"
