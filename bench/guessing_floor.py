@@ -23,11 +23,12 @@ def main() -> None:
     p.add_argument("--guesses", type=float, default=None, help="valid distinct guesses a game (default: max_turns)")
     args = p.parse_args()
     from orchestration.config_files import load_config
-    from tasks.environments.guessing import GuessingGame
+    from orchestration.heldout import eval_prompts
+    from orchestration.problem import run_environment
 
     cfg = load_config(args.config)
-    limit = args.limit or cfg.eval.prompts
-    highs = [row.reference["high"] for row in GuessingGame(**cfg.environment.params).rows(cfg.data, "eval")[:limit]]
+    games = eval_prompts(cfg.data, args.limit or cfg.eval.prompts, environment=run_environment(cfg))  # eval's own
+    highs = [game.reference["high"] for game in games]
     k = args.guesses if args.guesses is not None else cfg.environment.max_turns
     floor = sum(min(k / high, 1.0) for high in highs) / len(highs)
     print(f"{len(highs)} held-out games, highs {min(highs)}..{max(highs)}: {k:g} valid distinct guesses at random, "

@@ -18,14 +18,13 @@ import pytest
 
 from storage import uri
 from tests.integration.multinode import MultiNodeCluster, require_namespaces
+from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/countdown_smollm2_cpu.yaml"
-TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24", "train.prompts_per_step=2",
-        "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8", "eval.every=0",
-        "rollout.backend.kv_cache_space_gb=1", "train.dynamic_sampling.enabled=false", "learner.grpo.kl_beta=0.0"]
+TINY = [*E2E_TINY, "rollout.backend.kv_cache_space_gb=1"]  # the nodes share one box: a smaller KV cache per engine
 NODES = {"head": {}, "b": {"node_b": 1}, "c": {"node_c": 1, "engine_host": 1}, "d": {"node_d": 1, "engine_host": 1}}
 ENGINES = "rollout.resources.custom={engine_host: 1}"
 
