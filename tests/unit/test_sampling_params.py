@@ -113,7 +113,10 @@ def test_server_command_and_env_pin_the_engine_settings(tmp_path, monkeypatch):
     cfg = VllmConfig(python="/x/python", cpu_threads=2, env={"FOO": "bar"}, extra_args={"seed": 1, "enforce_eager": True, "enable_prefix_caching": False})
     backend = setup_backend(cfg, tmp_path)
     cmd = backend.command(port=1234)
-    assert cmd[0] == "/x/python" and cmd[cmd.index("-m") + 1] == "vllm.entrypoints.openai.api_server"
+    # CPU: vLLM's API server run by our start-up module, which forks the engine processes instead of spawning them.
+    assert cmd[0] == "/x/python" and cmd[cmd.index("-m") + 1] == "aha_vllm_fork_start"
+    spawned = setup_backend(cfg.model_copy(update={"fork_start": False}), tmp_path).command(port=1234)
+    assert spawned[spawned.index("-m") + 1] == "vllm.entrypoints.openai.api_server"
     for flag, value in [("--dtype", "float32"), ("--logprobs-mode", "processed_logprobs"), ("--port", "1234"),
                         ("--host", "127.0.0.1"), ("--generation-config", "vllm")]:
         assert cmd[cmd.index(flag) + 1] == value, flag
@@ -126,7 +129,7 @@ def test_server_command_and_env_pin_the_engine_settings(tmp_path, monkeypatch):
     assert env["PYTHONPATH"] == str(ENGINE_EXT), "the driver's PYTHONPATH leaked into the engine env"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == str(cfg.execute_model_timeout_s)
-    plain = setup_backend(cfg.model_copy(update={"fast_cpu_lora": False, "chunked_prefill": True,
+    plain = setup_backend(cfg.model_copy(update={"fast_cpu_lora": False, "fork_start": False, "chunked_prefill": True,
                                                  "cpu_cores": (1,)}), tmp_path)
     cmd, env = plain.command(port=1234), plain.environment()
     assert "--worker-extension-cls" not in cmd and "--no-enable-chunked-prefill" not in cmd
