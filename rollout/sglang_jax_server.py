@@ -56,7 +56,7 @@ class SglangJaxBackend(ServerProcess):
         if c.startup_adapter is not None:
             cmd += ["--adapter-name", c.startup_adapter.name, "--adapter-path", str(c.startup_adapter.path)]
         if c.api_key:
-            cmd += ["--api-key", c.api_key]
+            cmd.append(f"--api-key={c.api_key}")  # one token: a key may start with "-" (token_urlsafe)
         return cmd
 
     def engine_env(self, env: dict[str, str]) -> None:

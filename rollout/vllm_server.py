@@ -79,7 +79,7 @@ class VllmBackend(ServerProcess):
             cmd += ["--lora-modules", json.dumps({"name": a.name, "path": str(a.path),
                                                   "base_model_name": c.served_model_name})]
         if c.api_key:
-            cmd += ["--api-key", c.api_key]
+            cmd.append(f"--api-key={c.api_key}")  # one token: a key may start with "-" (token_urlsafe)
         return cmd + cli_flags(c.extra_args)
 
     def engine_env(self, env: dict[str, str]) -> None:
