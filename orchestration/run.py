@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -28,6 +32,7 @@ from tasks.render import PromptRenderer
 from orchestration.problem import run_environment, run_rewards, run_rows
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def restore_learner(parts: Parts) -> tuple[int, dict]:
@@ -43,6 +48,21 @@ def restore_learner(parts: Parts) -> tuple[int, dict]:
                           "path is not on its host); put the run dir on storage every host reads (gs://...) or a "
                           "mount every node shares; nothing was changed")
     return step, extra
+
+
+def in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """fn(*args) on a daemon thread: its result (or exception) from `.result()`; a process that ends before it is
+    done does not wait for it (a ThreadPoolExecutor's threads would hold the exit until fn returned)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001  (handed to whoever waits on the future)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=f"in-background-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return future
 
 
 def drop_rows_after(run_dir: RunDir, step: int) -> None:
@@ -146,15 +166,19 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
         check_shared(run_dir, cfg.train.run_dir_shared, len([n for n in ray.nodes() if n.get("Alive")]))
         learner = cluster.start_learner(cfg, run_dir.path(CHECKPOINTS))
+        # The engines start while the learner loads its model and restores (on a TPU host each loads weights and
+        # compiles for minutes). A resume that cannot see its checkpoint still fails in seconds: nothing waits for
+        # the engines being started, whose actors end with this driver (or with the cluster it started).
+        engines_starting = in_background(cluster.start_rollout, cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(None, learner, rewards, stream, renderer,  # type: ignore[arg-type]
                       None, run_dir, environment)
-        # Restored before any engine starts: a resume that cannot see its checkpoint fails in seconds, rows intact.
+        # Restored before any row is touched: a resume that cannot see its checkpoint fails with its rows intact.
         step, extra = restore_learner(parts)
         drop_rows_after(run_dir, step)
         parts.metrics = setup_metrics(cfg, run_dir, step)
-        parts.rollout = rollout = cluster.start_rollout(cfg)
+        parts.rollout = rollout = engines_starting.result()
         judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term's engine: the training one or its own
         fault.parts = parts
         placement = placement_of(parts)

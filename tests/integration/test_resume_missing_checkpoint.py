@@ -3,8 +3,8 @@ and keeps every row: never a silent restart from step 0.
 
 The run dir is one a 2-step run leaves behind (its config, two metrics and samples rows, the driver's record that
 step 2 was saved) whose checkpoints folder the learner cannot see: here it is gone; on a cluster it is on another
-host's disk. The learner actor starts for real (local Ray cluster, tiny model); no engine starts, since the
-checkpoint is restored before any engine is launched.
+host's disk. The learner actor starts for real (local Ray cluster, tiny model); the engine, started beside the
+learner's restore, is torn down with the cluster, and the failure does not wait for it to be ready.
 """
 
 from __future__ import annotations
