@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 DURATION = re.compile(r"^([0-9.]+)s (?:setup|call|teardown)\s+(tests/\S+?)::")
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 LANE_LINE = re.compile(r"^(live|live2|compile) lane: .*")
 
 
@@ -34,7 +35,9 @@ def module_seconds(log: Path) -> dict[str, float]:
 
 
 def lane(module: str) -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    """The lane tests/conftest.py puts the module in (conftest imported once, on the first call)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
     from conftest import lane_of
 
     return lane_of("tests/unit/x" if module.startswith("tests/unit") else f"tests/integration/{module}")
