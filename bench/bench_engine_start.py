@@ -1,4 +1,5 @@
-"""Engine start-up benchmark: seconds from launch to /health for a vLLM server, per variant, alternating rounds.
+"""Engine start-up benchmark: seconds from launch to /health for a vLLM server, per variant, alternating rounds,
+and the decode speed of the engine so started (milliseconds per token of a lone 32-token request).
 
 The server is started by the project's own launcher (`rollout.vllm_server.VllmBackend.start`, no Ray), on the
 tiny model, once per variant per round, alternating so a busy machine slows every side alike; each server then
@@ -26,8 +27,12 @@ from rollout.config import VllmConfig, default_engine_python
 from rollout.vllm_server import VllmBackend
 
 
-def start_and_ask(cfg: VllmConfig, model: Path) -> tuple[float, str]:
-    """(seconds from launch to /health, the text of one seeded 8-token completion)."""
+DECODE_TOKENS = 32
+
+
+def start_and_ask(cfg: VllmConfig, model: Path) -> tuple[float, str, float]:
+    """(seconds from launch to /health, the text of one seeded 8-token completion, the median milliseconds per
+    token of three lone 32-token requests: the decode speed of the engine's worker as it was started)."""
     backend = VllmBackend(cfg, model)
     t0 = time.perf_counter()
     url = backend.start()
@@ -35,9 +40,16 @@ def start_and_ask(cfg: VllmConfig, model: Path) -> tuple[float, str]:
     try:
         body = {"model": cfg.served_model_name, "prompt": "The answer is", "max_tokens": 8, "seed": 1}
         text = requests.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+        decode = []
+        for seed in range(3):
+            body = {"model": cfg.served_model_name, "prompt": "Once upon a time, in a land far away,",
+                    "max_tokens": DECODE_TOKENS, "ignore_eos": True, "seed": seed}
+            t1 = time.perf_counter()
+            requests.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status()
+            decode.append((time.perf_counter() - t1) * 1000 / DECODE_TOKENS)
     finally:
         backend.stop()
-    return elapsed, text
+    return elapsed, text, statistics.median(decode)
 
 
 def main() -> None:
@@ -57,19 +69,23 @@ def main() -> None:
     else:
         variants = {py: VllmConfig(python=py, **base) for py in args.python}
     times: dict[str, list[float]] = {name: [] for name in variants}
+    per_token: dict[str, list[float]] = {name: [] for name in variants}
     texts: dict[str, set[str]] = {name: set() for name in variants}
     for _ in range(args.rounds):
         for name, cfg in variants.items():
-            elapsed, text = start_and_ask(cfg, model)
+            elapsed, text, ms = start_and_ask(cfg, model)
             times[name].append(elapsed)
+            per_token[name].append(ms)
             texts[name].add(text)
-            print(f"{name}: {elapsed:.1f} s  {text!r}", flush=True)
+            print(f"{name}: {elapsed:.1f} s  {ms:.1f} ms/token  {text!r}", flush=True)
     answers = set().union(*texts.values())
     print("same seeded answer from every variant" if len(answers) == 1 else f"ANSWERS DIFFER: {texts}")
     first = statistics.median(times[next(iter(variants))])
+    first_ms = statistics.median(per_token[next(iter(variants))])
     for name, ts in times.items():
-        median = statistics.median(ts)
-        print(f"median {median:.1f} s  ratio to first {median / first:.2f}  {name}")
+        median, ms = statistics.median(ts), statistics.median(per_token[name])
+        print(f"median {median:.1f} s  ratio to first {median / first:.2f}  decode {ms:.1f} ms/token  ratio to "
+              f"first {ms / first_ms:.2f}  {name}")
 
 
 if __name__ == "__main__":

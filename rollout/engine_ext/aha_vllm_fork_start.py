@@ -9,6 +9,13 @@ vLLM's own default on every other platform; vLLM itself forces spawn only where 
 initialised, inside a Ray actor, NUMA binding), and that check still runs after ours. The API server runs no
 OpenMP region before it forks (the model and its threads live in the worker), which is what fork would break.
 
+vLLM binds a CPU worker's OpenMP threads through the environment it starts the worker with (`OMPProcessManager.
+configure_omp_envs`: OMP_NUM_THREADS and OMP_PLACES, GOMP_CPU_AFFINITY or KMP_AFFINITY, one thread per core of
+`VLLM_CPU_OMP_THREADS_BIND`). A spawned worker's OpenMP runtime reads them when it loads; a forked one's was loaded
+by the API server, before they were set, so a forked worker ran as many threads as the server's OMP_NUM_THREADS, on
+any core: one token took 1.4x as long as spawned on the idle box, and its idle OpenMP thread spun on the core the
+other processes needed. `_bind_worker` applies the same settings in the forked worker before it starts.
+
 Runs in the engine's env (Python 3.11, torch): standard library and vLLM only. Pinned to the vLLM version it was
 read from; any other version raises at import, so the engine fails to start with that line.
 """
@@ -21,6 +28,7 @@ import sys
 
 import vllm
 from vllm.platforms import cpu
+from vllm.v1.executor import multiproc_executor
 
 PINNED = "0.32.0"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -30,6 +38,30 @@ if vllm.__version__.split("+")[0] != PINNED:
                        "(check_and_update_config) and update the module, or set rollout.backend.fork_start: false")
 
 _check_and_update_config = cpu.CpuPlatform.check_and_update_config.__func__
+_worker_main = multiproc_executor.WorkerProc.worker_main
+
+
+def bound_cores(env: dict[str, str]) -> list[int] | None:
+    """The cores vLLM's binding gave this worker in `env` (OMP_PLACES "{0,1}", GOMP_CPU_AFFINITY "0 1" or
+    KMP_AFFINITY "...,proclist=[0,1]"); None where it set none (VLLM_CPU_OMP_THREADS_BIND=nobind)."""
+    if places := env.get("OMP_PLACES"):
+        return [int(c) for c in places.strip("{}").split(",")]
+    if gomp := env.get("GOMP_CPU_AFFINITY"):
+        return [int(c) for c in gomp.split()]
+    if (kmp := env.get("KMP_AFFINITY")) and "proclist=[" in kmp:
+        return [int(c) for c in kmp.split("proclist=[", 1)[1].split("]", 1)[0].split(",")]
+    return None
+
+
+def _bind_worker(*args, **kwargs):
+    """A forked worker's first step: the cores and thread count vLLM's binding set for it (see the module's doc)."""
+    import torch
+
+    if (cores := bound_cores(dict(os.environ))) is not None:
+        os.sched_setaffinity(0, cores)  # the OpenMP threads the worker starts later inherit it
+    if threads := os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(threads))  # before the worker's init_device forbids set_num_threads
+    return _worker_main(*args, **kwargs)
 
 
 def _fork_after_config(cls, vllm_config) -> None:
@@ -39,6 +71,7 @@ def _fork_after_config(cls, vllm_config) -> None:
 
 def main() -> None:
     cpu.CpuPlatform.check_and_update_config = classmethod(_fork_after_config)
+    multiproc_executor.WorkerProc.worker_main = staticmethod(_bind_worker)
     sys.argv[0] = SERVER_MODULE
     runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
 

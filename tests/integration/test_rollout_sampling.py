@@ -8,6 +8,7 @@ is taken from the greedy completion and the stopped completion must be that comp
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 from pathlib import Path
@@ -159,6 +160,45 @@ def test_engine_step_timeout_comes_from_the_config(rollout):
     for pid in procs:
         env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
         assert env.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS") == want, f"process {pid} of the engine"
+
+
+def engine_processes(rollout: Rollout) -> dict[str, int]:
+    """comm -> pid of the engine server's processes (its launcher's process group)."""
+    import ray
+
+    group = ray.get(rollout.actor.pid.remote())
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if pgid(int(pid)) == group:
+            found[Path(f"/proc/{pid}/comm").read_text().strip()] = int(pid)
+    return found
+
+
+def thread_ticks(pid: int) -> dict[str, int]:
+    """tid -> CPU clock ticks (user + system) of each thread of `pid`."""
+    ticks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks[tid] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def test_forked_worker_runs_on_the_cores_and_threads_vllm_bound_it_to(rollout, prompt):
+    """vLLM binds a CPU worker to its cores through the environment it starts the worker with; a forked worker
+    (rollout.backend.fork_start) ignored it: on main before engine_ext's `_bind_worker` it ran two OpenMP threads
+    on any core (each token 1.4x as long, the idle thread spinning), here one thread on the core vLLM logged."""
+    import ray
+
+    assert rollout.cfg.backend.fork_start
+    log = ray.get(rollout.actor.log_tail.remote(100_000))
+    [cores] = [json.loads(line.split("core ids=")[1]) for line in log.splitlines() if "local_rank=0, core ids=" in line]
+    worker = engine_processes(rollout)["VLLM::Worker"]
+    assert os.sched_getaffinity(worker) == set(cores), f"worker on {os.sched_getaffinity(worker)}, vLLM bound {cores}"
+    before = thread_ticks(worker)
+    one(rollout, SamplingParams(max_tokens=64, ignore_eos=True, seed=3), prompt)
+    after = thread_ticks(worker)
+    busy = [tid for tid, t in after.items() if t - before.get(tid, 0) >= 10]  # 0.1 s of CPU or more
+    assert len(busy) == len(cores), f"threads computing in the worker: {busy}"
 
 
 def test_top_k_1_gives_identical_samples(rollout, prompt, greedy):
