@@ -70,6 +70,12 @@ def lane_of(nodeid: str) -> str:
     return next((lane for lane, prefixes in LANES.items() if prefixes and nodeid.startswith(prefixes)), "live")
 
 
+def pytest_configure(config) -> None:
+    from cpu_accounting import register
+
+    register(config)  # CPU seconds per module, when AHA_CPU_ACCOUNTING asks for them (bench/suite_modules.py --cpu)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     lane = os.environ.get("AHA_TEST_LANE")
     if not lane:
