@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from learner import train_step as ts
 from learner.batch import bucket_length
+from learner.compiled_figures import compile_figures
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.lora import apply_lora
@@ -134,9 +136,12 @@ def abstract_opt_state(tx, lora: dict, mesh: Mesh):
 
 
 def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mesh, geo: Geometry,
-                 sampling: SamplingTransform) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Compile the Learner's jitted pieces a step runs (logprobs only off-policy); returns ({name: Compiled},
-    abstract state by kind)."""
+                 sampling: SamplingTransform, figures_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Compile the Learner's jitted pieces a step runs (logprobs only off-policy); returns ({name: Figures}, abstract
+    state by kind). With `figures_dir`, a piece whose program was compiled before for these devices is not compiled
+    again: its analyses are read from there (learner/compiled_figures.py)."""
+    devices = list(mesh.devices.flat)
+    figures = lambda lowered: compile_figures(lowered, devices, figures_dir)
     owner = SimpleNamespace(cfg=cfg, _parts=parts, _opts=LossOptions.of(cfg.grpo), _fns={})
     logprob_fn, accumulate = Learner._compiled(owner, sampling, geo.off_policy)
     tx = ts.make_optimizer(cfg.optimizer)
@@ -147,9 +152,9 @@ def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mes
         # The separate logprobs pass runs only off-policy (old logprobs before several updates): on-policy a step
         # never calls it, so its compile (a fifth of preflight's time: Qwen2.5-1.5B v5e:2x2 `--probe-layers` 196
         # -> 155 s without it) would measure nothing the step needs.
-        compiled = {"logprobs": logprob_fn.lower(lora, parts.base, mb).compile()} if geo.off_policy else {}
-        compiled["accumulate"] = accumulate.lower(lora, parts.base, lora, mb, *old).compile()
-        compiled["apply"] = ts.make_apply_fn(tx).lower(lora, opt_state, lora).compile()
+        compiled = {"logprobs": figures(logprob_fn.lower(lora, parts.base, mb))} if geo.off_policy else {}
+        compiled["accumulate"] = figures(accumulate.lower(lora, parts.base, lora, mb, *old))
+        compiled["apply"] = figures(ts.make_apply_fn(tx).lower(lora, opt_state, lora))
     state = {"frozen": parts.base, "lora": lora, "opt_state": opt_state, "grad_acc": lora}
     return compiled, state
 
@@ -186,8 +191,7 @@ def analyse(compiled: dict[str, Any], state: dict[str, Any], geo: Geometry) -> l
     pieces = []
     for name, c in compiled.items():
         m = c.memory_analysis()
-        cost = c.cost_analysis()
-        cost = (cost[0] if isinstance(cost, list) else cost) or {}
+        cost = c.cost_analysis() or {}
         live = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
                 + m.generated_code_size_in_bytes + absent[name])
         pieces.append(Piece(name, calls[name], live, m.temp_size_in_bytes, float(cost.get("flops", 0.0)),

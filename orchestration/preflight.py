@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="compile 2- and 3-layer models and extrapolate to the real layer count (on TPU 1.5-2 min here "
                         "against 2-2.7 for the whole model, a gap that grows with depth; checked against "
                         "whole-model compiles in the tests)")
+    p.add_argument("--recompile", action="store_true",
+                   help="compile every step piece, even one whose figures a preflight before kept (they are kept "
+                        "under a hash of the program, the devices, the compiler's build and its flags)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.remat=true")
     return p.parse_args(argv)
 
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     from orchestration.preflight_report import run
 
-    return run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers)
+    figures_dir = None if args.recompile else cache_dir() / "preflight" / "figures"
+    return run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers, figures_dir)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,8 @@ def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     geo = aot.geometry(learner_cfg, batch, max_sequence, cfg.rollout.sampling.max_tokens, mesh.shape["fsdp"])
     s = cfg.rollout.sampling
     try:
-        compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)))
+        compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)),
+                                           _figures_dir)
     except jax.errors.JaxRuntimeError as err:  # the TPU compiler itself refuses what cannot fit its chips
         if (oom := compile_oom(str(err), geo, mesh.shape["fsdp"])) is None:
             raise
@@ -215,8 +216,14 @@ def _oom_advice(cfg: RunConfig, oom: CompileOom, probe_layers: bool) -> str:
             "(learner.mesh, learner.topology)")
 
 
-def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool, probe_layers: bool = False
-        ) -> int:
+# Where each compile's figures are kept (learner/compiled_figures.py), set once per run: None compiles every piece.
+_figures_dir: Path | None = None
+
+
+def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool, probe_layers: bool = False,
+        figures_dir: Path | None = None) -> int:
+    global _figures_dir
+    _figures_dir = figures_dir
     hf = json.loads(hf_path.read_text())
     s, backend = cfg.rollout.sampling, cfg.rollout.backend
     prompt_tokens = min(prompt_tokens or PROMPT_TOKENS, backend.max_model_len - s.max_tokens)
@@ -231,6 +238,9 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
           + (f"; {hf['num_hidden_layers']} layers extrapolated from {PROBE_LAYERS[0]}- and {PROBE_LAYERS[1]}-layer "
              "compiles" if probe_layers else ""))
     print(parts_report(cfg, hf))
+    if figures_dir is not None:
+        print(f"preflight: a piece compiled before (the same program, devices, compiler and flags) is read from "
+              f"{figures_dir}, not compiled again; --recompile compiles every piece")
     figures_of = _probed_figures if probe_layers else _figures
     figures = None
     for label, lc in variants:
