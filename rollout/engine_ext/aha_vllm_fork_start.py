@@ -13,8 +13,8 @@ vLLM binds a CPU worker's OpenMP threads through the environment it starts the w
 configure_omp_envs`: OMP_NUM_THREADS and OMP_PLACES, GOMP_CPU_AFFINITY or KMP_AFFINITY, one thread per core of
 `VLLM_CPU_OMP_THREADS_BIND`). A spawned worker's OpenMP runtime reads them when it loads; a forked one's was loaded
 by the API server, before they were set, so a forked worker ran as many threads as the server's OMP_NUM_THREADS, on
-any core: one token took 1.4x as long as spawned on the idle box, and its idle OpenMP thread spun on the core the
-other processes needed. `_bind_worker` applies the same settings in the forked worker before it starts.
+any core: a token took 1.19x as long as spawned on the idle box (bench/bench_engine_start.py), and its idle thread
+spun on the cores the other processes needed. `_bind_worker` applies the same settings in the forked worker before it starts.
 
 Runs in the engine's env (Python 3.11, torch): standard library and vLLM only. Pinned to the vLLM version it was
 read from; any other version raises at import, so the engine fails to start with that line.

@@ -186,7 +186,7 @@ def thread_ticks(pid: int) -> dict[str, int]:
 def test_forked_worker_runs_on_the_cores_and_threads_vllm_bound_it_to(rollout, prompt):
     """vLLM binds a CPU worker to its cores through the environment it starts the worker with; a forked worker
     (rollout.backend.fork_start) ignored it: on main before engine_ext's `_bind_worker` it ran two OpenMP threads
-    on any core (each token 1.4x as long, the idle thread spinning), here one thread on the core vLLM logged."""
+    on any core (each token 1.19x as long, the idle thread spinning), here one thread on the core vLLM logged."""
     import ray
 
     assert rollout.cfg.backend.fork_start
