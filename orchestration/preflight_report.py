@@ -43,15 +43,15 @@ def compile_oom(message: str, geo, data_parallel: int) -> CompileOom | None:
                       data_parallel)
 
 
-def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
+def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
     """The learner's step for `learner_cfg`, its chunk loop counted in full; (mesh, geometry, pieces, sizes, chip)."""
-    mesh, geo, pieces, sizes, chip = _compiled_figures(cfg, learner_cfg, hf, max_sequence)
+    mesh, geo, pieces, sizes, chip = _compiled_figures(cfg, learner_cfg, hf, max_sequence, kept)
     small = with_layers(hf, 1)
-    return mesh, geo, _with_whole_chunk_loop(cfg, learner_cfg, small, max_sequence, geo, pieces), sizes, chip
+    return mesh, geo, _with_whole_chunk_loop(cfg, learner_cfg, small, max_sequence, geo, pieces, kept=kept), sizes, chip
 
 
 def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequence: int, geo, pieces,
-                           small_pieces=None):
+                           small_pieces=None, kept: Path | None = None):
     """`pieces` with the chunked logprob loop's FLOPs and bytes counted for every chunk, not once.
 
     XLA's cost analysis counts a while loop's body once (Qwen2.5-1.5B on v5e:2x2, `--probe-layers` at c46c81c,
@@ -69,7 +69,7 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
     if n <= 1:
         return pieces
     at = lambda chunk: _compiled_figures(cfg, learner_cfg.model_copy(update={"logprob_chunk": chunk}), small,
-                                         max_sequence)[2]
+                                         max_sequence, kept)[2]
     chunked, whole = small_pieces or at(configured), at(geo.window)
     share = (n - 1) * c / (geo.window - c)
     extra = {a.name: (b.flops - a.flops, b.bytes_accessed - a.bytes_accessed) for a, b in zip(chunked, whole,
@@ -78,8 +78,9 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
                                 bytes_accessed=p.bytes_accessed + share * extra[p.name][1]) for p in pieces]
 
 
-def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
-    """Compile the learner's step for `learner_cfg`; returns (mesh, geometry, pieces, state sizes, chip)."""
+def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
+    """Compile the learner's step for `learner_cfg` (a piece's figures read from `kept` if compiled before); returns
+    (mesh, geometry, pieces, state sizes, chip)."""
     import jax
 
     from learner import aot
@@ -95,7 +96,7 @@ def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     s = cfg.rollout.sampling
     try:
         compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)),
-                                           _figures_dir)
+                                           kept)
     except jax.errors.JaxRuntimeError as err:  # the TPU compiler itself refuses what cannot fit its chips
         if (oom := compile_oom(str(err), geo, mesh.shape["fsdp"])) is None:
             raise
@@ -112,7 +113,7 @@ def with_layers(hf: dict, layers: int) -> dict:
     return out
 
 
-def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
+def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
     """`_figures` for the whole model from 2- and 3-layer compiles: every per-device figure (state sizes, each
     piece's live and temp bytes, FLOPs, bytes accessed) taken as a + b * layers, which is how a stack of identical
     decoder layers grows (weights and optimizer state exactly; activations kept for the backward pass and XLA's
@@ -123,12 +124,12 @@ def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int):
     layers = hf["num_hidden_layers"]
     lo, hi = PROBE_LAYERS
     (mesh, geo, p1, s1, chip), (_, _, p2, s2, _) = (
-        _compiled_figures(cfg, learner_cfg, with_layers(hf, n), max_sequence) for n in PROBE_LAYERS)
+        _compiled_figures(cfg, learner_cfg, with_layers(hf, n), max_sequence, kept) for n in PROBE_LAYERS)
     line = lambda a, b: a + (layers - lo) * (b - a) / (hi - lo)
     fields = ("live_bytes", "temp_bytes", "flops", "bytes_accessed", "optimal_seconds")
     pieces = [dataclasses.replace(a, **{f: type(getattr(a, f))(line(getattr(a, f), getattr(b, f))) for f in fields})
               for a, b in zip(p1, p2, strict=True)]
-    pieces = _with_whole_chunk_loop(cfg, learner_cfg, with_layers(hf, lo), max_sequence, geo, pieces, p1)
+    pieces = _with_whole_chunk_loop(cfg, learner_cfg, with_layers(hf, lo), max_sequence, geo, pieces, p1, kept)
     return mesh, geo, pieces, {k: int(line(s1[k], s2[k])) for k in s1}, chip
 
 
@@ -216,14 +217,10 @@ def _oom_advice(cfg: RunConfig, oom: CompileOom, probe_layers: bool) -> str:
             "(learner.mesh, learner.topology)")
 
 
-# Where each compile's figures are kept (learner/compiled_figures.py), set once per run: None compiles every piece.
-_figures_dir: Path | None = None
-
-
 def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool, probe_layers: bool = False,
         figures_dir: Path | None = None) -> int:
-    global _figures_dir
-    _figures_dir = figures_dir
+    """Preflight's report; `figures_dir`: where each compile's figures are kept (learner/compiled_figures.py), None
+    compiles every piece."""
     hf = json.loads(hf_path.read_text())
     s, backend = cfg.rollout.sampling, cfg.rollout.backend
     prompt_tokens = min(prompt_tokens or PROMPT_TOKENS, backend.max_model_len - s.max_tokens)
@@ -246,7 +243,7 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
     for label, lc in variants:
         t0 = time.perf_counter()
         try:
-            mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence)
+            mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence, figures_dir)
         except CompileOom as oom:
             print(_oom_advice(cfg, oom, probe_layers))
             return 2
