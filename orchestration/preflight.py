@@ -90,12 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["JAX_PLATFORMS"] = "cpu"
     # libtpu takes /tmp/libtpu_lockfile, so a second preflight, or one beside a TPU run, would abort; we open no TPU.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # A CPU step's executables are kept for the next run of the same config. Not a TPU topology's: without a TPU
-    # client they cannot be read back (a warning per compile, and the compile happens anyway).
-    if cfg.learner.topology in (None, "cpu"):
-        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax_cache" / "preflight"))
-    else:
-        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    # What a step's compile yields is kept by preflight itself (learner/compiled_figures.py), for CPU and TPU alike;
+    # JAX's executable cache would only make --recompile read a CPU step back instead of compiling it (and on TPU
+    # it cannot read back without a TPU client: a warning per compile).
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     from orchestration.preflight_report import run
 
     figures_dir = None if args.recompile else cache_dir() / "preflight" / "figures"

@@ -32,7 +32,7 @@ class CpuAccounting:
         (self.group / "cgroup.procs").write_text(str(os.getpid()))
         self.rows: dict[str, list[float]] = {}
         self.module: str | None = None
-        self.mark = self._now()
+        self.mark = (0.0, 0.0)  # (CPU s, monotonic s) at the current module's start; set with the first module
 
     def _now(self) -> tuple[float, float]:
         return int((self.group / "cpuacct.usage").read_text()) / 1e9, time.monotonic()
