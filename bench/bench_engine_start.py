@@ -22,7 +22,7 @@ from pathlib import Path
 
 import requests
 
-from orchestration.prepare_model import TINY, model_dir
+from common.model_cache import TINY, model_dir
 from rollout.config import VllmConfig, default_engine_python
 from rollout.vllm_server import VllmBackend
 

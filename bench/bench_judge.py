@@ -1,6 +1,6 @@
 """What an LLM-judge reward costs a training step: its throughput and its share of the step, in one run.
 
-Runs `python -m orchestration.train` on the demo config with a judge term added at weight 0 (so the policy trains
+Runs `python -m orchestration.cli.train` on the demo config with a judge term added at weight 0 (so the policy trains
 exactly as the demo does, and only the judge's cost is added), then prints from that run's metrics.jsonl (the
 first step, which compiles, left out):
 
@@ -38,7 +38,7 @@ JUDGE_SAMPLING = {"temperature": 0.0, "max_tokens": 1, "extra": {"allowed_token_
 
 def judge_overrides(engine: str, config: Path) -> list[str]:
     """The config's reward terms plus a weight-0 judge term on `engine`."""
-    from orchestration.config_files import load_config
+    from orchestration.config.files import load_config
 
     terms = [t.model_dump() for t in load_config(config).rewards.terms]
     judge = {"name": "judge", "weight": 0.0,
@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="aha-bench-judge-") as tmp:
-        cmd = [sys.executable, "-m", "orchestration.train", "--config", str(args.config), "--run-dir", f"{tmp}/run",
+        cmd = [sys.executable, "-m", "orchestration.cli.train", "--config", str(args.config), "--run-dir", f"{tmp}/run",
                f"train.steps={args.steps}", "train.save_every=0", "logging.plots=false", "eval.every=0",
                *judge_overrides(args.engine, args.config), *args.overrides]
         print(f"running: {' '.join(cmd[3:])}", flush=True)

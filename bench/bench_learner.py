@@ -158,7 +158,7 @@ def main() -> None:
     from learner.config import LearnerConfig
     from learner.learner import Learner
     from learner.model import read_hf_config
-    from orchestration.prepare_model import model_dir
+    from common.model_cache import model_dir
 
     path = model_dir(args.model)
     hf = read_hf_config(path)

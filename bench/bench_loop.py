@@ -1,6 +1,6 @@
 """End-to-end loop benchmark: sync vs async step time, and the LoRA push pause as a fraction of a step.
 
-Runs `python -m orchestration.train` twice on the same config and load (sync, then async) and prints, from
+Runs `python -m orchestration.cli.train` twice on the same config and load (sync, then async) and prints, from
 those runs' metrics.jsonl (the first step of each, which compiles, is left out):
 
 - sync step time, async step time, and async / max(generate, learn) (target <= 1.1: async hides the shorter phase);
@@ -43,7 +43,7 @@ from orchestration.metrics import read_metrics  # noqa: E402
 
 def run(mode: str, steps: int, config: Path, overrides: list[str], out: Path) -> list[dict]:
     run_dir = out / mode
-    cmd = [sys.executable, "-m", "orchestration.train", "--config", str(config), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "orchestration.cli.train", "--config", str(config), "--run-dir", str(run_dir),
            f"train.mode={mode}", f"train.steps={steps}", "train.save_every=0", "logging.plots=false", *overrides]
     print(f"running {mode}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -52,7 +52,7 @@ def run(mode: str, steps: int, config: Path, overrides: list[str], out: Path) ->
 
 def tunix_step_s(steps: int, config: Path, overrides: list[str]) -> float:
     """Tunix's colocated pipeline on the same model and batch as our runs (read from the resolved config)."""
-    from orchestration.config_files import load_config
+    from orchestration.config.files import load_config
 
     cfg = load_config(config, overrides)
     cmd = [sys.executable, str(ROOT / "bench" / "bench_tunix_loop.py"), "--steps", str(steps), "--config", str(config),

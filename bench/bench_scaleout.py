@@ -27,10 +27,10 @@ import numpy as np
 
 from learner.batch import TrainBatch
 from learner.config import LearnerConfig
-from orchestration.prepare_model import TINY, model_dir
+from common.model_cache import TINY, model_dir
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.fleet import RolloutFleet
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 
 def tokens_per_s(generate, prompts: list[list[int]], params: SamplingParams) -> float:

@@ -28,13 +28,13 @@ import numpy as np
 
 
 from bench.bench_rollout import random_adapter  # noqa: E402
-from orchestration.prepare_model import SMOLLM2, model_dir  # noqa: E402
+from common.model_cache import SMOLLM2, model_dir  # noqa: E402
 from rollout.client import RolloutClient  # noqa: E402
 from rollout.config import ClientConfig, VllmConfig  # noqa: E402
-from rollout.peft_adapter import write_adapter  # noqa: E402
+from common.peft_adapter import write_adapter  # noqa: E402
 from rollout.sglang_jax_config import SglangJaxConfig  # noqa: E402
 from rollout.sglang_jax_server import SglangJaxBackend  # noqa: E402
-from rollout.sampling import SamplingParams  # noqa: E402
+from common.sampling import SamplingParams  # noqa: E402
 from rollout.vllm_server import VllmBackend  # noqa: E402
 
 

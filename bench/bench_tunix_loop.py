@@ -54,7 +54,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 
-from orchestration.prepare_model import SMOLLM2, TINY, model_dir  # noqa: E402
+from common.model_cache import SMOLLM2, TINY, model_dir  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -193,7 +193,7 @@ def instrument(learner, steps: int) -> dict[str, list[float]]:
 
 def main() -> None:
     args = parse_args()
-    from orchestration.config_files import load_config
+    from orchestration.config.files import load_config
 
     cfg = load_config(args.config, args.overrides)
     if cfg.learner.grpo.loss_agg != "token-mean" or not cfg.learner.grpo.std_normalize:

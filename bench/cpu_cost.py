@@ -3,7 +3,7 @@ and engine processes a run starts count too, whoever their parent), and the proc
 
 Run it on an idle box (anything else running is counted too):
 
-    .venv/bin/python bench/cpu_cost.py -- .venv/bin/python -m orchestration.train --config configs/countdown_smollm2_cpu.yaml \
+    .venv/bin/python bench/cpu_cost.py -- .venv/bin/python -m orchestration.cli.train --config configs/countdown_smollm2_cpu.yaml \
         --run-dir /tmp/cost model.path=tiny-llama train.steps=2 ...
 
 Per-process figures come from /proc/PID/stat, sampled twice a second: a process that lives less than that is missed,

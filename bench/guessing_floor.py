@@ -2,7 +2,7 @@
 trained policy must clear to show it reads "Higher." / "Lower.", not only that it answers with a number.
 
 A policy that makes k valid, distinct guesses at random in 1..high wins a game with probability min(k / high, 1);
-averaged over the held-out games of the config (the games `orchestration.eval` plays):
+averaged over the held-out games of the config (the games `orchestration.cli.eval` plays):
 
     .venv/bin/python bench/guessing_floor.py                          # configs/guess_smollm2_cpu.yaml, 52 games
     .venv/bin/python bench/guessing_floor.py --guesses 4.76           # e.g. a run's measured env/guesses_mean
@@ -22,8 +22,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="held-out games (default: the config's eval.prompts)")
     p.add_argument("--guesses", type=float, default=None, help="valid distinct guesses a game (default: max_turns)")
     args = p.parse_args()
-    from orchestration.config_files import load_config
-    from orchestration.heldout import eval_prompts
+    from orchestration.config.files import load_config
+    from tasks.heldout import eval_prompts
     from orchestration.problem import run_environment
 
     cfg = load_config(args.config)

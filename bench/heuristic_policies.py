@@ -2,8 +2,8 @@
 
 Each policy writes one equation from the puzzle's two numbers without any model (`a + b`, larger minus smaller,
 `a * b`, larger / smaller, and "`+` if the target exceeds both numbers, else larger minus smaller"); the config's
-own reward scores it, on the held-out puzzles `orchestration.eval` uses (`orchestration.heldout.eval_prompts`),
-so the figures compare with `python -m orchestration.eval RUN_DIR --limit 200 --k 4` directly. A deterministic
+own reward scores it, on the held-out puzzles `orchestration.cli.eval` uses (`tasks.heldout.eval_prompts`),
+so the figures compare with `python -m orchestration.cli.eval RUN_DIR --limit 200 --k 4` directly. A deterministic
 policy's accuracy is over puzzles; the Wilson interval is over the same 200.
 
     .venv/bin/python bench/heuristic_policies.py                      # the demo config, 200 puzzles, seed 0
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestration import stats
-from orchestration.config_files import load_config
-from orchestration.heldout import eval_prompts
+from orchestration.config.files import load_config
+from tasks.heldout import eval_prompts
 from rewards.registry import setup_rewards
 from rewards.types import Sample
 
@@ -73,7 +73,7 @@ def policy_accuracy(config: Path, overrides: list[str], limit: int, seed: int | 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=CONFIG)
-    p.add_argument("--limit", type=int, default=200, help="held-out puzzles (orchestration.eval's --limit)")
+    p.add_argument("--limit", type=int, default=200, help="held-out puzzles (orchestration.cli.eval's --limit)")
     p.add_argument("--seed", type=int, default=None, help="data seed of the held-out puzzles (default: the config's)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("overrides", nargs="*", metavar="key=value")

@@ -22,13 +22,13 @@ import numpy as np
 import ray
 
 from tasks.dataset import Prompt
-from orchestration.prepare_model import model_dir
+from common.model_cache import model_dir
 from tasks.render import PromptRenderer
 from rollout.backend import setup_backend
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
-from rollout.sampling import Completion, SamplingParams
+from common.sampling import Completion, SamplingParams
 
 TOPICS = ["a cat who learns to swim", "the moon's far side", "a lighthouse keeper", "bread rising overnight",
           "a lost umbrella", "the first snow", "a robot gardener", "an old map", "a kite in a storm", "two rivers"]

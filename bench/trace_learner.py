@@ -59,7 +59,7 @@ def main() -> None:
     from learner.learner import Learner
     from learner.loss import grpo_advantages, token_weights
     from learner.model import forward_hidden, read_hf_config
-    from orchestration.prepare_model import model_dir
+    from common.model_cache import model_dir
 
     path = model_dir(args.model)
     hf = read_hf_config(path)

@@ -7,7 +7,7 @@ mid-write is never picked up by `latest_step`; `keep` bounds how many stay on di
 Each checkpoint's JSON item records the LoRA leaf shapes and config, so resuming with a config that does not
 fit (another rank, other target modules) fails with the leaf and the setting to change, not a tree diff.
 
-The directory may be a storage URI (`gs://bucket/run/checkpoints`, storage/uri.py): Orbax then writes through
+The directory may be a storage URI (`gs://bucket/run/checkpoints`, common/storage.py): Orbax then writes through
 tensorstore's GCS driver and marks each complete step with a commit file instead of a rename.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orbax.checkpoint as ocp
 
-from storage.uri import absolute, use_emulator
+from common.storage import absolute, use_emulator
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from strict_config import Strict
+from common.strict import Strict
 
 LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -142,11 +142,11 @@ class LearnerConfig(Strict):
     """Mesh over that slice."""
     hosts: int = Field(1, ge=1)
     """Learner processes, one Ray actor per host of the learner's slice, joined by `jax.distributed` into one mesh
-    (multi-controller SPMD); what Ray reserves for each is the driver's `learner.resources` (orchestration/config.py).
+    (multi-controller SPMD); what Ray reserves for each is the driver's `learner.resources` (orchestration/config/schema.py).
     1 = a single process (no jax.distributed)."""
     topology: str = "cpu"
     """The chips the learner's JAX processes see, as a TPU topology name (e.g. "v5e:2x2": 4 v5e chips; "v5e:2x4":
-    8 chips on 2 hosts), or "cpu". Only `orchestration.preflight` reads it: it compiles the step for it."""
+    8 chips on 2 hosts), or "cpu". Only `orchestration.cli.preflight` reads it: it compiles the step for it."""
     lora: LoraConfig = LoraConfig()
     """The LoRA adapter: rank, alpha, target projections."""
     optimizer: OptimizerConfig = OptimizerConfig()

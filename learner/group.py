@@ -12,8 +12,8 @@ kills the whole group at once and fails with one line saying so; the run then st
 the last checkpoint (a multi-controller JAX program cannot go on without a member, nor re-admit one).
 
 Placement: on TPU one bundle per learner host (`TPU` chips + CPUs) of a sub-slice, i.e. one process per host of
-ICI neighbours, reserved by the driver (orchestration/placement.py) and passed in, with each process's environment
-(its libtpu variables: the sub-slice's process grid, every member's address, its task id; orchestration/tpu_env.py).
+ICI neighbours, reserved by the driver (orchestration/cluster/placement.py) and passed in, with each process's environment
+(its libtpu variables: the sub-slice's process grid, every member's address, its task id; orchestration/cluster/tpu_env.py).
 On CPU the actors are local processes; each one's fake devices come from XLA_FLAGS in `runtime_env`.
 """
 

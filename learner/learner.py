@@ -36,8 +36,8 @@ from learner.mesh import learner_mesh
 from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
-from rollout.peft_adapter import write_adapter
-from storage.uri import is_uri, upload
+from common.peft_adapter import write_adapter
+from common.storage import is_uri, upload
 
 log = logging.getLogger(__name__)
 

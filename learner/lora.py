@@ -10,7 +10,7 @@ Config targets are PEFT names; each family maps them to its Tunix modules (`FAMI
 qwen3 use the same names, gemma3 has q_einsum, kv_einsum (k and v fused) and attn_vec_einsum. Gemma3's kv_einsum
 LoRA has one A [D, r] for k and v and B [r, 2, kv_heads, head_dim]: exported as k_proj and v_proj adapters with
 the same A and B's two slices, which is the same update. The PEFT format itself (names, files, the merge math)
-is rollout/peft_adapter.py's, shared with the engines.
+is common/peft_adapter.py's, shared with the engines.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from flax import nnx
 
 from learner import lora_delta
 from learner.config import LoraConfig
-from rollout import peft_adapter
+from common import peft_adapter
 
 _LORA_LEAF = re.compile(r"^(?:w|kernel)_lora_(a|b)$")
 _LLAMA_MODULES = {"q_proj": ("attn", "q_proj"), "k_proj": ("attn", "k_proj"), "v_proj": ("attn", "v_proj"),

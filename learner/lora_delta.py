@@ -9,7 +9,7 @@ backward is written out with the token axes flattened, so each weight gradient i
 matmul and nothing large is transposed. Same arithmetic, same values (tests/unit/test_lora_delta.py checks them
 against autodiff of Qwix's own function).
 
-`install()` puts `lora_delta` in place of Qwix's `_compute_lora_delta` (Qwix pinned in upstream_pins.py, and
+`install()` puts `lora_delta` in place of Qwix's `_compute_lora_delta` (Qwix pinned in common/pins.py, and
 the function's signature checked) for
 the layout every Linear projection uses: the activations' last axis contracted into one output axis, no batch
 axes. Any other layout goes to Qwix's own function.
@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import jax
 from qwix._src.providers import lora as qwix_lora
 
-from upstream_pins import PINS, require_pinned
+from common.pins import PINS, require_pinned
 
 _QWIX_DELTA = qwix_lora._compute_lora_delta
 _QWIX_PARAMS = ("lhs", "lora_a", "lora_b", "lhs_ca", "lhs_ba", "contract_shape", "batch_shape", "remain_shape",

@@ -9,7 +9,7 @@ theta = 1e6 whatever its config says (SmolLM2 uses 1e5: logits off by up to 4.7)
 `_RopeFixed` subclasses re-run Tunix's own `Attention.block` code with an `apply_rope` bound to the model's
 theta (same code object, different globals), and the loaded model's attention modules are switched to them.
 Nothing in site-packages is edited and no module-level global is patched. This, the Gemma 3 layer attributes and
-the LM head's class swap reach into Tunix's internals: each checks the pinned Tunix first (upstream_pins.py).
+the LM head's class swap reach into Tunix's internals: each checks the pinned Tunix first (common/pins.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from upstream_pins import require_pinned
+from common.pins import require_pinned
 
 # family name in config.json "model_type" -> our family key
 MODEL_TYPES = {"llama": "llama3", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3_text": "gemma3"}

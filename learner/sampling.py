@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rollout.capabilities import needs_history
+from common.sampling import needs_history
 
 
 class SamplingTransform(NamedTuple):
@@ -59,7 +59,7 @@ class SamplingTransform(NamedTuple):
 
     @classmethod
     def of(cls, params: Any, eos_token_ids: tuple[int, ...] | list[int] = ()) -> SamplingTransform:
-        """From an engine request's sampling parameters (rollout.sampling.SamplingParams or anything with its
+        """From an engine request's sampling parameters (common.sampling.SamplingParams or anything with its
         field names) and the model's eos ids (tokenizer eos + generation_config eos_token_id)."""
         stop = tuple(sorted({int(t) for t in (*eos_token_ids, *getattr(params, "stop_token_ids", ()))}))
         min_tokens = int(getattr(params, "min_tokens", 0))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rewards.registry import RewardResult
-from rollout.sampling import Completion
+from common.sampling import Completion
 from tasks import Prompt
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ meaningless, so the run stops with one line naming the family and the gap instea
 
 from __future__ import annotations
 
-from orchestration.config import RunConfig
+from orchestration.config.schema import RunConfig
 
 
 class EngineMismatchError(RuntimeError):

@@ -2,7 +2,7 @@
 
 It runs through the training engine (the adapter the loop pushed is the one on the server), so no second server
 and no adapter copy: the cost is `eval.prompts x eval.k` samples of generation. The eval set and the scoring are
-the ones `python -m orchestration.eval` uses (orchestration/heldout.py), so the per-step curve and the final
+the ones `python -m orchestration.cli.eval` uses (tasks/heldout.py), so the per-step curve and the final
 base-vs-trained numbers measure the same thing. Called once at the end of a step, after its metrics are logged.
 """
 
@@ -17,11 +17,11 @@ import numpy as np
 
 from orchestration import stats
 from tasks import DataConfig, Prompt
-from orchestration.heldout import eval_prompts, eval_sampling, score_policy
+from tasks.heldout import eval_prompts, eval_sampling, score_policy
 from orchestration.problem import run_limits
 
 if TYPE_CHECKING:
-    from orchestration.config import RunConfig
+    from orchestration.config.schema import RunConfig
     from orchestration.loop import Parts
 
 log = logging.getLogger(__name__)

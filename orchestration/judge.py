@@ -20,10 +20,10 @@ from rewards.judge import JudgeParams, JudgeReply, JudgeReward
 from rewards.registry import RewardSet
 from rollout.capabilities import takes_request_seeds
 from rollout.config import RolloutConfig
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from orchestration.config import RunConfig
+    from orchestration.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 

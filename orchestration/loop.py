@@ -6,7 +6,7 @@ turns each group's rewards into group-relative advantages and takes a clipped po
 weights (importance-corrected against the engine's own logprobs). The new adapter is pushed to the server under a
 new version name before the next generation, so every sample records which policy made it.
 
-With an `environment:`, a sample is a multi-turn episode instead of one completion (orchestration/episodes.py): the
+With an `environment:`, a sample is a multi-turn episode instead of one completion (tasks/episodes.py): the
 episodes of all groups run concurrently, and the learner trains on the model's tokens only (environment tokens are
 masked out of the loss and the ratio). The loop is otherwise the same, async mode and staleness included.
 
@@ -35,11 +35,11 @@ import ray
 from learner.batch import TrainBatch
 from learner.group import LearnerProcessLost
 from learner.sampling import SamplingTransform, model_eos_ids
-from orchestration.config import RunConfig
+from orchestration.config.schema import RunConfig
 from tasks import Prompt, PromptStream
 from orchestration.dynamic_sampling import Drawn, fill_batch
 from orchestration.engine_check import check_engine_agreement
-from orchestration.episodes import EpisodeSample, episode_metrics, play
+from tasks.episodes import EpisodeSample, episode_metrics, play
 from orchestration.problem import run_limits
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.inloop_eval import maybe_eval
@@ -52,7 +52,7 @@ from rewards.registry import RewardSet
 from rewards.types import Sample, TrainingProgress
 from rollout.capabilities import takes_request_seeds
 from rollout.handle import Rollout
-from rollout.sampling import Completion
+from common.sampling import Completion
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Rollouts:
 
 @dataclass
 class Parts:
-    """The live components the loop drives (built by orchestration.cluster)."""
+    """The live components the loop drives (built by orchestration.cluster.launch)."""
 
     rollout: Rollout
     learner: Any  # LearnerActor handle
@@ -102,7 +102,7 @@ def request_seeds(cfg: RunConfig, step: int, count: int, first: int = 0) -> list
 def generate(cfg: RunConfig, parts: Parts, prompts: list[Prompt], step: int, first: int,
              on_sent) -> tuple[list[list[int]], list[str], list[list[Completion]]]:
     """(prompt ids, prompt texts, n completions per prompt): one completion per sample, or with an environment one
-    episode per sample (orchestration/episodes.py; its prompt is the environment's opening). Request seeds count
+    episode per sample (tasks/episodes.py; its prompt is the environment's opening). Request seeds count
     from prompt index `first` (a dynamic-sampling refill continues the step's index)."""
     seeds = request_seeds(cfg, step, len(prompts), first)
     if parts.environment is None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestration.config import RunConfig, WandbConfig
+    from orchestration.config.schema import RunConfig, WandbConfig
     from orchestration.run_dir import RunDir
 
 log = logging.getLogger(__name__)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestration.episodes import Limits
+from tasks.episodes import Limits
 from rewards.registry import RewardSet, setup_rewards
 from tasks import Prompt
 from tasks.environments.base import Environment
 from tasks.environments.catalog import environment_rows, setup_environment
 
 if TYPE_CHECKING:
-    from orchestration.config import RunConfig
+    from orchestration.config.schema import RunConfig
 
 
 def run_environment(cfg: RunConfig) -> Environment | None:

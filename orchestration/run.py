@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 import numpy as np
 import ray
 
-from orchestration import cluster, signals
-from orchestration.config import RunConfig
+from orchestration import signals
+from orchestration.cluster import launch as cluster
+from orchestration.config.schema import RunConfig
 from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
@@ -107,7 +108,7 @@ def finish(cfg: RunConfig, parts: Parts, placement: dict) -> None:
     summary["placement"] = placement
     (run_dir.local / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("summary: %s", json.dumps(summary))
-    log.info("serve the trained adapter: python -m orchestration.serve %s", run_dir)
+    log.info("serve the trained adapter: python -m orchestration.cli.serve %s", run_dir)
 
 
 def placement_of(parts: Parts) -> dict:
@@ -140,7 +141,7 @@ def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopStat
     if state is None or where is None:
         return f"run stopped before its first step ({what}); nothing to save"
     return (f"run stopped at phase {where[0]} of step {where[1]} ({what}); checkpoint saved at step "
-            f"{state.saved_step}; continue with `python -m orchestration.train --resume {run_dir}`")
+            f"{state.saved_step}; continue with `python -m orchestration.cli.train --resume {run_dir}`")
 
 
 def save_on_stop(parts: Parts, state: LoopState) -> None:

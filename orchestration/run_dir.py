@@ -2,7 +2,7 @@
 working copy of its own files.
 
 The parts write straight to the run dir, wherever they run: the learner its Orbax checkpoints and the final adapter
-(learner/, through storage/uri.py). The driver's own files (config.yaml, metrics.jsonl, samples.jsonl, train.log,
+(learner/, through common/storage.py). The driver's own files (config.yaml, metrics.jsonl, samples.jsonl, train.log,
 summary.json, plots, TensorBoard and wandb folders) are written to a local folder first, as the libraries writing
 them need (appends, event files), and copied to the URI as they change: metrics and samples after every row, the
 rest at the end. On a local run dir the two are one folder and nothing is copied.
@@ -18,7 +18,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from storage.uri import absolute, download, exists, is_uri, join, list_names, upload
+from common.storage import absolute, download, exists, is_uri, join, list_names, upload
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class RunDir:
 
 def local_copy(run: str) -> Path:
     """A local folder with a run's config.yaml and final adapter: the run dir itself, or, for a run on shared
-    storage, a fresh copy of those (what `orchestration.serve` starts an engine from)."""
+    storage, a fresh copy of those (what `orchestration.cli.serve` starts an engine from)."""
     if not is_uri(run):
         return Path(run)
     local = Path(tempfile.mkdtemp(prefix="aha-run-"))

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rewards.catalog import REWARDS, build_reward
-from strict_config import Strict
+from common.strict import Strict
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 """`package.module:function` (the attribute may be dotted, e.g. `module:Class.method`)."""

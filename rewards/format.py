@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from rewards.tags import last_block
+from common.strict import STRICT
+
+from common.tags import last_block
 from rewards.types import Sample
 
 FULL_SCORE = 1.0
@@ -44,7 +46,7 @@ def _well_formed(text: str, think_tag: str, answer_tag: str) -> bool:
     return think_end < answer_start and not between.strip() and bool(thought.strip())
 
 
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+@dataclass(config=STRICT)  # frozen by STRICT
 class FormatReward:
     """`score` as a RewardFn, with configurable tag names."""
 

@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rollout.sampling import SamplingParams
+from common.strict import Strict
+from common.sampling import SamplingParams
 from rewards.types import Sample
 
 TEMPLATE_FIELDS = ("prompt", "completion", "reference")
@@ -59,10 +60,8 @@ class JudgeEngine(Protocol):
         ...
 
 
-class JudgeParams(BaseModel):
+class JudgeParams(Strict):
     """Params of the `judge` reward term."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     template: str = Field(min_length=1)
     """The rubric sent to the judge, a str.format template over {prompt} (the rendered prompt text), {completion}

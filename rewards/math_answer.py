@@ -12,10 +12,12 @@ import re
 from fractions import Fraction
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from rewards.tags import last_block
+from common.strict import STRICT
+
+from common.tags import last_block
 from rewards.types import Sample
 
 MAX_ANSWER_CHARS = 100
@@ -104,7 +106,7 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+@dataclass(config=STRICT)  # frozen by STRICT
 class MathAnswerReward:
     """`score` as a RewardFn; reads `answer` from the sample's reference."""
 

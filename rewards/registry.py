@@ -8,7 +8,7 @@ reward and the others keep their scores, with `on_error="fail"` the step raises 
 Every failure is counted by kind (`RewardResult.failures`, logged as `reward/errors/<kind>`).
 
 Built-in rewards stay a plain loop in the calling process: a few microseconds a sample, nothing to isolate (they
-parse with bounded work, rewards/arithmetic.py). A user's function gets TRL's batch signature (rewards/user.py).
+parse with bounded work, common/arithmetic.py). A user's function gets TRL's batch signature (rewards/user.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
+
+from common.strict import STRICT
 
 from rewards.types import Sample
 
@@ -37,7 +39,7 @@ def score(completion: str, ngram: int = 4, tiers: tuple[tuple[float, float], ...
     return 0.0
 
 
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+@dataclass(config=STRICT)  # frozen by STRICT
 class RepetitionPenalty:
     """Penalty of the first tier whose threshold the repeated n-gram ratio exceeds; 0.0 below all of them."""
 

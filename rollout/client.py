@@ -20,7 +20,7 @@ import httpx
 
 from rollout.backend import WireFormat
 from rollout.config import ClientConfig
-from rollout.sampling import Completion, SamplingParams
+from common.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

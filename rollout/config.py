@@ -3,7 +3,7 @@
 The engine is chosen by one key, `backend.kind`: `backend` is a discriminated union of `VllmConfig` and
 `SglangJaxConfig`, which share their common fields through `EngineConfig` (rollout/engine_config.py). The rollout
 part only ever receives this sub-config (`RolloutConfig`), never the run's root config. What Ray reserves for each
-server actor is the driver's to decide (the run config's `rollout.resources`, orchestration/config.py).
+server actor is the driver's to decide (the run config's `rollout.resources`, orchestration/config/schema.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pydantic import Field, model_validator
 from rollout.capabilities import check_sampling
 from rollout.engine_config import EngineConfig, engine_interpreter
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.sampling import SamplingParams
-from strict_config import Strict
+from common.sampling import SamplingParams
+from common.strict import Strict
 
 
 def default_engine_python() -> Path:

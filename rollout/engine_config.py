@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from strict_config import Strict
+from common.strict import Strict
 
 Platform = Literal["cpu", "gpu", "tpu"]
 ExtraArgs = dict[str, str | int | float | bool]
@@ -84,11 +84,11 @@ class EngineConfig(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server process, applied last."""
     api_key: str | None = None
-    """Bearer token every /v1 route then requires (`orchestration.serve --api-key` sets it; the rollout client and
+    """Bearer token every /v1 route then requires (`orchestration.cli.serve --api-key` sets it; the rollout client and
     the adapter pushes send it). None: a training run makes one per run unless `host` is loopback (an engine on
     another node listens on an address others can reach); `serve` leaves it open."""
     startup_adapter: StartupAdapter | None = None
-    """A LoRA adapter attached at start-up (`orchestration.serve` attaches the run's final one); None = none."""
+    """A LoRA adapter attached at start-up (`orchestration.cli.serve` attaches the run's final one); None = none."""
     startup_timeout_s: float = Field(600.0, gt=0)
     """How long to wait for /health after launch before giving up (CPU start-up is 30-70 s, more when busy)."""
 

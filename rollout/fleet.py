@@ -17,7 +17,7 @@ run's API key); a replica whose node is lost fails like a dead one: it is taken 
 room, and a rebuild that has nowhere to go is cancelled when the fleet stops.
 
 On a TPU slice each replica asks for its chips through `rollout.resources`; with accelerators the replicas are
-placed one per bundle of a placement group that the driver reserves (orchestration/placement.py): a host's chips may
+placed one per bundle of a placement group that the driver reserves (orchestration/cluster/placement.py): a host's chips may
 hold several replicas' groups. Each replica's server actor gets its own environment from the driver (`replica_env`:
 its libtpu port and bounds, so engines sharing a host coexist), which its engine process inherits.
 """
@@ -39,7 +39,7 @@ import ray
 from rollout.client import ServerUnavailable
 from rollout.config import RolloutConfig
 from rollout.handle import Rollout
-from rollout.sampling import Completion, SamplingParams
+from common.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from rollout.capabilities import check_sampling
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ would. The server is started through its Python module (the `vllm` console scrip
 fails with "No package metadata was found for vllm"), in its own session under `engine_launcher.py`, so stop()
 and the death of the owning actor take down the API server and its engine-core child as one process group.
 
-Standalone use (e.g. `orchestration/serve.py`, a server with an adapter under a fixed name):
+Standalone use (e.g. `orchestration/cli/serve.py`, a server with an adapter under a fixed name):
 
     backend = VllmBackend(VllmConfig(port=8000), model_dir)
     url = backend.start()                    # blocks until /health is ok
@@ -26,7 +26,7 @@ from rollout.capabilities import lora_env
 from rollout.config import VllmConfig
 from rollout.engine_config import cli_flags
 from rollout.server_process import ServerProcess
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_envs.sh
 run_dir=${RUN_DIR:-runs/demo-$(date +%Y%m%d-%H%M%S)}
-.venv/bin/python -m orchestration.train --config configs/countdown_smollm2_cpu.yaml --run-dir "$run_dir" "$@"
+.venv/bin/python -m orchestration.cli.train --config configs/countdown_smollm2_cpu.yaml --run-dir "$run_dir" "$@"
 echo
 echo "done: metrics in $run_dir/metrics.jsonl, plots in $run_dir/plots/, adapter in $run_dir/adapter/"
-echo "serve it:    .venv/bin/python -m orchestration.serve $run_dir"
-echo "evaluate it: .venv/bin/python -m orchestration.eval $run_dir"
+echo "serve it:    .venv/bin/python -m orchestration.cli.serve $run_dir"
+echo "evaluate it: .venv/bin/python -m orchestration.cli.eval $run_dir"

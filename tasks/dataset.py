@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from tasks.config import DataConfig
 from tasks.errors import DatasetTooSmall
 from tasks.generators import countdown_puzzle, word_problem
 from tasks.gsm8k import gsm8k_rows
+from tasks.prompt import Prompt
+from tasks.row_prompts import dataset_prompts
 from tasks.templates import COUNTDOWN_USER, MATH_USER, render
 
 EVAL_BUCKETS = 10
@@ -20,40 +21,11 @@ GENERATED_TRAIN_SIZE = 10000
 """Train puzzles or problems a generator makes when data.train_size is not set."""
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt, rendered for the configured template, with what its reward needs."""
-
-    uid: str
-    """Stable id, e.g. "countdown-train-000123"."""
-    task: str
-    """"countdown" | "math" | "dataset"."""
-    messages: tuple[dict[str, Any], ...] | None
-    """Chat template input (role/content) when the template is chat."""
-    text: str | None
-    """Raw prompt text when the template is base."""
-    reference: dict[str, Any]
-    """What the rewards read: countdown {"numbers", "target", "solution"}; math {"answer"}; dataset: the row's other
-    columns."""
-    raw: Any = None
-    """The prompt as the data row holds it (text, or a list of chat messages), which a reward by import path gets as
-    TRL's `prompts`; None: the rendered messages or text (generated tasks)."""
-
-    @property
-    def as_data(self) -> Any:
-        """The prompt in TRL's terms: the row's text or message list, else the rendered messages or text."""
-        if self.raw is not None:
-            return self.raw
-        return [dict(m) for m in self.messages] if self.messages is not None else self.text
-
-
 def setup_dataset(cfg: DataConfig, split: Literal["train", "eval"]) -> Sequence[Prompt]:
     """The prompts of one split; deterministic given cfg. A dataset file's prompts are read lazily (RowPrompts)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     if cfg.task == "dataset":
-        from tasks.row_prompts import dataset_prompts
-
         return dataset_prompts(cfg, split)
     size = (cfg.train_size or GENERATED_TRAIN_SIZE) if split == "train" else cfg.eval_size
     if cfg.task == "gsm8k":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class DataError(ValueError):
-    """A data file or a data config the run cannot use; `orchestration.train` prints it as one line and exits 2."""
+    """A data file or a data config the run cannot use; `orchestration.cli.train` prints it as one line and exits 2."""
 
 
 class DatasetTooSmall(DataError):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.dataset import Prompt
+from tasks.prompt import Prompt
 
 # Stand-ins for a conversation that ends with an assistant turn: the template's text around the assistant content
 # is what continues after the model's own tokens. Neither string occurs in any template.

@@ -2,7 +2,7 @@
 
 A split is a list of row positions (8 bytes each), not of rows: `RowPrompts[i]` reads and renders row i when the
 stream draws it, so a file larger than memory trains as well as a small one. The training order is the
-PromptStream's seeded shuffle; the held-out prompts are ordered by `data.seed`, so `orchestration.eval --seed 1`
+PromptStream's seeded shuffle; the held-out prompts are ordered by `data.seed`, so `orchestration.cli.eval --seed 1`
 draws other held-out rows, never training ones: which rows are held out (`data.eval_fraction`) depends only on a
 row's position, through a fixed integer hash, not on the seed.
 
@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from tasks.config import DataConfig
 from tasks.errors import DataError
+from tasks.prompt import Prompt
 from tasks.rows import Rows, open_rows
 
 HASH_SALT = 0x5DEECE66D
@@ -85,8 +86,6 @@ def check_first_row(rows: Rows, cfg: DataConfig) -> None:
 
 def row_prompt(row: dict[str, Any], position: int, split: str, cfg: DataConfig, where) -> Any:
     """The Prompt of one row; `where()` names it in errors."""
-    from tasks.dataset import Prompt
-
     field = cfg.prompt_field if cfg.prompt_field in row else cfg.messages_field
     if field not in row:
         raise DataError(f"{where()}: no {cfg.prompt_field!r} or {cfg.messages_field!r} column (columns: "

@@ -6,7 +6,7 @@ import random
 from array import array
 from collections.abc import Sequence
 
-from tasks.dataset import Prompt
+from tasks.prompt import Prompt
 
 
 class PromptStream:

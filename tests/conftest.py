@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.prepare_model import SMOLLM2, TINY, model_dir
+from common.model_cache import SMOLLM2, TINY, model_dir
 from rollout.config import default_engine_python
 
 # Fake CPU devices so learner tests can put the learner on a slice that is not device 0.
@@ -94,7 +94,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import jax  # noqa: E402  (after the settings above)
 
-from orchestration.cluster import COMPILE_CACHE_BYTES, compile_cache_dir  # noqa: E402
+from orchestration.cluster.launch import COMPILE_CACHE_BYTES, compile_cache_dir  # noqa: E402
 
 # In-process learners share the persistent compile cache the training runs' learner actors use (learner.compile_cache);
 # set here, not through JAX's env vars, which the SGLang-JAX servers the tests start would inherit.
@@ -119,8 +119,8 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_family_dir():
-    """tiny_family_dir(family) -> that family's seeded tiny random model (orchestration/tiny_models.py)."""
-    from orchestration.tiny_models import tiny_name
+    """tiny_family_dir(family) -> that family's seeded tiny random model (orchestration/cli/tiny_models.py)."""
+    from orchestration.cli.tiny_models import tiny_name
 
     return lambda family: _require_model(tiny_name(family))
 

@@ -18,7 +18,7 @@ serves exactly what `rollout.client` and `SglangJaxBackend` speak:
 Only one set of weights is live, so a request for any other model name is refused (404) rather than answered
 with the wrong weights. Parameters the engine does not apply are refused (400) here as well as on the driver.
 Fixes the pinned sglang-jax needs here are applied at start-up (`compat_model_dir`, `apply_cpu_patches`), each
-documented with its upstream cause; any other sglang-jax version is refused with one line (upstream_pins.py,
+documented with its upstream cause; any other sglang-jax version is refused with one line (common/pins.py,
 docs/patches.md). Module level imports no engine code (engine imports happen inside functions), so tests import the
 pure helpers from the learner env.
 

@@ -1,5 +1,5 @@
 """A PEFT LoRA adapter merged into the running engine's weights (W = W0 + alpha/r * B @ A, always from W0; the
-math is rollout/peft_adapter.py's `merged_deltas`)."""
+math is common/peft_adapter.py's `merged_deltas`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout.peft_adapter import merged_deltas, read_adapter
-from upstream_pins import require_pinned
+from common.peft_adapter import merged_deltas, read_adapter
+from common.pins import require_pinned
 
 
 class MergedLora:

@@ -1,12 +1,12 @@
 """Start-up fixes the pinned sglang-jax (0.0.2) needs on CPU; each names its upstream cause. Another sglang-jax is
-refused with one line (upstream_pins.py); docs/patches.md lists them with what would retire each."""
+refused with one line (common/pins.py); docs/patches.md lists them with what would retire each."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from upstream_pins import require_pinned
+from common.pins import require_pinned
 
 
 def compat_model_dir(model: Path, out: Path) -> Path:

@@ -1,7 +1,7 @@
 """What an environment is: from a row, the opening messages; given the model's turn, the environment's reply.
 
 An `Environment` makes one `Episode` per sample of a row (a GRPO group plays one row n times, each episode with its
-own state). The episode driver (orchestration/episodes.py) asks each episode for its opening messages, samples the
+own state). The episode driver (tasks/episodes.py) asks each episode for its opening messages, samples the
 model's turn through the engine, hands the turn to `Episode.step`, and appends the `Reply`'s messages (tool results,
 a user message) to the conversation as tokens, until a reply says `done` or a limit ends the episode. Rewards add
 up over the replies (and `close`).
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tasks.config import DataConfig
-from tasks.dataset import Prompt
+from tasks.prompt import Prompt
 
 Message = dict[str, Any]
 """A chat message as the model's chat template takes it: {"role": ..., "content": ...} (a tool result may add

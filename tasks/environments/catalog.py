@@ -7,30 +7,16 @@ Built-ins are pydantic models whose fields are `environment.params`, so a typo i
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING
 
 from tasks.config import DataConfig
-from tasks.dataset import Prompt, setup_dataset
+from tasks.dataset import setup_dataset
+from tasks.prompt import Prompt
 from tasks.environments.base import Environment, own_rows
-from tasks.environments.guessing import GuessingGame
-from tasks.environments.tool_countdown import ToolCountdown
+from tasks.environments.built_in import BUILT_IN, check_params
 
 if TYPE_CHECKING:
     from tasks.environments.config import EnvironmentConfig
-
-BUILT_IN: dict[str, type[BaseModel]] = {"tool_countdown": ToolCountdown, "guessing": GuessingGame}
-
-
-def check_params(name: str, params: dict[str, Any]) -> BaseModel:
-    """The built-in `name` made from `params`; bad params -> ValueError naming the field."""
-    try:
-        return BUILT_IN[name](**params)
-    except ValidationError as exc:
-        problems = "; ".join(f"environment.params.{'.'.join(map(str, e['loc'])) or '?'}: {e['msg']}"
-                             for e in exc.errors())
-        raise ValueError(f"{name}: {problems}") from None
 
 
 def setup_environment(cfg: EnvironmentConfig) -> Environment:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from common.strict import Strict
+from tasks.environments.built_in import BUILT_IN, check_params
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-class EnvironmentConfig(BaseModel):
+class EnvironmentConfig(Strict):
     """A multi-turn environment (`environment:`): set, every sample is an episode of model turns and environment
     replies; unset, a sample is one completion (single-turn)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     """A built-in (`tool_countdown`, `guessing`), `verifiers` (an environment written for verifiers 0.4, its
@@ -32,8 +33,6 @@ class EnvironmentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> EnvironmentConfig:
-        from tasks.environments.catalog import BUILT_IN, check_params
-
         if self.name not in BUILT_IN and self.name != "verifiers" and not IMPORT_PATH.match(self.name):
             raise ValueError(f"environment.name {self.name!r}: use one of {sorted(BUILT_IN)}, 'verifiers', or an "
                              "import path 'package.module:Name'")

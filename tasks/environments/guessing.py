@@ -13,8 +13,9 @@ import random
 import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 
+from common.strict import Strict
 from tasks.config import DataConfig
 from tasks.dataset import DatasetTooSmall, Prompt, is_eval
 from tasks.environments.base import Message, ModelTurn, Reply
@@ -25,10 +26,8 @@ RULES = "Reply with one number from 1 to {high}."
 _NUMBER = re.compile(r"-?[0-9]{1,12}")
 
 
-class GuessingGame(BaseModel):
+class GuessingGame(Strict):
     """The environment (its fields are `environment.params`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     highs: tuple[int, int] = (8, 64)
     """Smallest and largest upper bound of a game: every (secret, high) with high in this range and secret in

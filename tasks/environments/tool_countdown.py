@@ -1,7 +1,7 @@
 """Tool-using Countdown: the model may check its arithmetic with a calculator tool before it answers.
 
 Rows are `data.task: countdown`'s puzzles. Each model turn either calls the calculator (the environment answers with
-the value, or with the error: the expression is parsed by `rewards.arithmetic`, never `eval`ed, so `9**9**9` or a
+the value, or with the error: the expression is parsed by `common.arithmetic`, never `eval`ed, so `9**9**9` or a
 name is an error message, not a computation), or gives the final answer, which ends the episode and is scored as
 the Countdown reward scores a single-turn answer: 1.0 for an equation that uses each number once and hits the
 target, else 0. With `require_tool_call`, an answer scores only after at least one calculator call.
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from rewards import arithmetic
-from rewards.countdown import score as countdown_score
-from tasks.dataset import Prompt
+from common.strict import Strict
+from common import arithmetic
+from common.countdown import score as countdown_score
+from tasks.prompt import Prompt
 from tasks.environments.base import Message, ModelTurn, Reply
 from tasks.environments.tool_calls import Tool, ToolFormat, describe, parse, run_calls, stop_strings
 from tasks.templates import COUNTDOWN_USER
@@ -40,10 +41,8 @@ CALCULATOR = Tool("calculator", "evaluates an arithmetic expression of integers 
                   "expression", calculate)
 
 
-class ToolCountdown(BaseModel):
+class ToolCountdown(Strict):
     """The environment (its fields are `environment.params`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     tool_format: ToolFormat = "tags"
     """How the model writes a call (tasks/environments/tool_calls.py): `tags` (<calculator>3 + 4</calculator>) or

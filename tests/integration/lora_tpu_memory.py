@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from orchestration.preflight import use_libtpu
+from orchestration.cli.preflight import use_libtpu
 
 # Qwen2.5-1.5B's MLP at the TPU config's micro-batch (16 x 1280 tokens), LoRA r16, bf16 weights, fsdp over 4 chips.
 BATCH, TIME, DIM, FFN, RANK = 16, 1280, 1536, 8960, 16

@@ -1,4 +1,4 @@
-"""Dynamic sampling and a judge reward in whole training runs: `python -m orchestration.train` on the tiny model.
+"""Dynamic sampling and a judge reward in whole training runs: `python -m orchestration.cli.train` on the tiny model.
 
 A tiny random model scores 0 on every verifiable reward, so no group would vary and no refill would be needed.
 Here the reward is a judge on a separate engine (`judge_engine:`, a second tiny-llama server behind its own actor)

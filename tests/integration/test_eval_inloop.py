@@ -1,5 +1,5 @@
-"""In-loop eval and the eval CLI for real, on the tiny model: `python -m orchestration.train` with eval.every=1
-(the training engine scores held-out prompts with the adapter just pushed), then `python -m orchestration.eval` on
+"""In-loop eval and the eval CLI for real, on the tiny model: `python -m orchestration.cli.train` with eval.every=1
+(the training engine scores held-out prompts with the adapter just pushed), then `python -m orchestration.cli.eval` on
 that run (base vs the run's adapter, one engine). Assertions read metrics.jsonl and eval.json, never the log text.
 A random tiny model solves nothing, so the checks are about the machinery: keys, interval bounds, shapes.
 """
@@ -44,7 +44,7 @@ def assert_interval(row: dict, key: str) -> None:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
     run_dir = tmp_path_factory.mktemp("inloop") / "run"
-    run("orchestration.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, "train.steps=2",
+    run("orchestration.cli.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, "train.steps=2",
         "eval.every=1", "eval.prompts=6", "eval.k=2", "eval.max_tokens=16")
     return run_dir
 
@@ -63,7 +63,7 @@ def test_every_step_logs_held_out_eval(run_dir):
 
 def test_eval_cli_on_the_run_reports_intervals_and_the_difference(run_dir):
     # Options and overrides intermixed, as users type them.
-    run("orchestration.eval", str(run_dir), "--limit", "8", "rollout.sampling.max_tokens=16", "--k", "2",
+    run("orchestration.cli.eval", str(run_dir), "--limit", "8", "rollout.sampling.max_tokens=16", "--k", "2",
         "--progress", "off")
     report = json.loads((run_dir / "eval.json").read_text())
     assert (report["prompts"], report["k"]) == (8, 2)
@@ -91,7 +91,7 @@ def test_eval_stopped_by_sigterm_says_so_in_one_line_and_leaves_no_engine(run_di
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    proc = subprocess.Popen([sys.executable, "-m", "orchestration.eval", str(run_dir), "--limit", "6", "--k", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.eval", str(run_dir), "--limit", "6", "--k", "2",
                              "--progress", "on", "--out", str(run_dir / "eval-stopped")], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore_interrupts)
     err = b""

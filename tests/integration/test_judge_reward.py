@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from orchestration.judge import judge_term, setup_judge
 from rewards import Sample, setup_rewards
 from rollout.config import RolloutConfig, VllmConfig
-from rollout.peft_adapter import random_peft_adapter
+from common.peft_adapter import random_peft_adapter
 from conftest import running_rollout
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from learner import train_step as ts
 from learner.batch import TrainBatch
 from learner.sampling import SamplingTransform, model_eos_ids
 from rollout.handle import Rollout
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 from conftest import perturbed_learner, rollout_serving
-from orchestration.tiny_models import TINY_FAMILIES
+from orchestration.cli.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
 

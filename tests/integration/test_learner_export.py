@@ -1,6 +1,6 @@
 """export_lora against peft and transformers: the adapter the rollout server loads must be the policy the learner
 trains, for every family (gemma3's fused kv_einsum exports as k_proj + v_proj); and the adapter merged into the
-base weights by the engines' merge math (rollout/peft_adapter.py, what SGLang-JAX serves) must be the same model.
+base weights by the engines' merge math (common/peft_adapter.py, what SGLang-JAX serves) must be the same model.
 LoRA weights are randomised first (B = 0 at init would make any export pass)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from safetensors.numpy import load_file, save_file
 
 from learner.config import LearnerConfig
 from learner.learner import Learner
-from orchestration.tiny_models import TINY_FAMILIES
-from rollout.peft_adapter import merged_deltas, read_adapter
+from orchestration.cli.tiny_models import TINY_FAMILIES
+from common.peft_adapter import merged_deltas, read_adapter
 from test_learner_model import prompt_tokens, reference_logits
 
 pytestmark = pytest.mark.integration

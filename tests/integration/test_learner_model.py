@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from learner.model import forward_logits, load_model
-from orchestration.tiny_models import TINY_FAMILIES
+from orchestration.cli.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
 REFERENCE = Path(__file__).resolve().with_name("hf_logits_oracle.py")

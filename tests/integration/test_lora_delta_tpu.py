@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.preflight import libtpu_sidecar
+from orchestration.cli.preflight import libtpu_sidecar
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from learner.config import LLAMA_PROJECTIONS, LoraConfig
 from learner.lora import apply_lora, lora_modules, peft_tensors
 from learner.lora_delta import stock_qwix
 from learner.model import forward_logits, load_model, read_hf_config
-from orchestration.tiny_models import TINY_FAMILIES
+from orchestration.cli.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
 TUNIX_NAMES = {"llama": "q_proj k_proj v_proj o_proj", "qwen2": "q_proj k_proj v_proj o_proj",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import uri
+from common import storage as uri
 from tests.integration.multinode import MultiNodeCluster, require_namespaces
 from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
 
@@ -83,7 +83,7 @@ def test_nodes_are_separate_hosts(cluster):
 def test_local_run_dir_on_several_nodes_is_refused_at_start(cluster):
     """Fails on main: there the run started with its run dir on the learner's host alone (and, with the engine on
     another node, died at its first generation with a traceback)."""
-    job = cluster.submit(["python", "-m", "orchestration.train", "--config", CONFIG, "--run-dir", "/tmp/aha-run",
+    job = cluster.submit(["python", "-m", "orchestration.cli.train", "--config", CONFIG, "--run-dir", "/tmp/aha-run",
                           *TINY, "train.steps=1"], timeout_s=300)
     assert job.returncode != 0, job_output(job)
     lines = [line for line in (job.stdout + job.stderr).splitlines() if "run dir error:" in line]
@@ -105,7 +105,7 @@ def lost_node_run(cluster):
     """`ray job submit` of 3 steps: driver on the head, learner on b, replicas on c and d, run dir on the bucket;
     the last replica's node is killed after step 1 (`between:kill_node@1`)."""
     run = "gs://aha-runs/lost-node"
-    job = cluster.submit(["python", "-m", "orchestration.train", "--config", CONFIG, "--run-dir", run, *TINY,
+    job = cluster.submit(["python", "-m", "orchestration.cli.train", "--config", CONFIG, "--run-dir", run, *TINY,
                           "train.steps=3", "rollout.replicas=2", ENGINES, "learner.resources.custom={node_b: 1}"],
                          env_vars={"AHA_FAULT": "between:kill_node@1"})
     return run, job
@@ -139,7 +139,7 @@ def test_resume_with_the_learner_on_another_node_keeps_every_row(cluster, lost_n
     lost = [n for n in ("c", "d") if cluster.node_down(n)]
     for name in lost:
         cluster.restart_node(name)
-    job = cluster.submit(["python", "-m", "orchestration.train", "--resume", run, "train.steps=5",
+    job = cluster.submit(["python", "-m", "orchestration.cli.train", "--resume", run, "train.steps=5",
                           "rollout.replicas=1", "learner.resources.custom={node_c: 1}"])
     assert job.returncode == 0, job_output(job)
     rows = read_rows(run)

@@ -29,8 +29,8 @@ from learner import train_step as ts
 from learner.batch import TrainBatch
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
-from orchestration.episodes import EpisodeSample, Group, Limits, play
-from rollout.sampling import SamplingParams
+from tasks.episodes import EpisodeSample, Group, Limits, play
+from common.sampling import SamplingParams
 from tasks.config import DataConfig
 from tasks.environments.base import ModelTurn
 from tasks.environments.guessing import GuessingGame

@@ -1,5 +1,5 @@
-"""A multi-turn training run for real: `python -m orchestration.train` on the guessing game (tiny model, 2 steps,
-async mode with in-loop eval), then `python -m orchestration.eval` on the run. Assertions read metrics.jsonl,
+"""A multi-turn training run for real: `python -m orchestration.cli.train` on the guessing game (tiny model, 2 steps,
+async mode with in-loop eval), then `python -m orchestration.cli.eval` on the run. Assertions read metrics.jsonl,
 samples.jsonl and eval.json.
 
 The tiny random model never names a number, so every turn gets the game's rules back and every episode interleaves
@@ -33,7 +33,7 @@ TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "train.prompts_per_step
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
     run_dir = tmp_path_factory.mktemp("multiturn") / "run"
-    run("orchestration.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY)
+    run("orchestration.cli.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY)
     return run_dir
 
 
@@ -56,7 +56,7 @@ def test_the_learner_trains_on_model_tokens_and_agrees_with_the_engine(run_dir):
 
 
 def test_eval_cli_plays_the_environment(run_dir):
-    run("orchestration.eval", str(run_dir), "--limit", "4", "--k", "2", "--progress", "off")
+    run("orchestration.cli.eval", str(run_dir), "--limit", "4", "--k", "2", "--progress", "off")
     report = json.loads((run_dir / "eval.json").read_text())
     assert report["task"] == "environment guessing" and (report["prompts"], report["k"]) == (4, 2)
     for phase in ("base", "trained"):

@@ -1,4 +1,4 @@
-"""`python -m orchestration.preflight`: every shipped config compiles its learner step and fits its chips.
+"""`python -m orchestration.cli.preflight`: every shipped config compiles its learner step and fits its chips.
 
 Compiles only (no weights, no TPU): the TPU configs compile for their `learner.topology` with libtpu from the
 sidecar folder setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu). Each run is one process, as a user
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.preflight import libtpu_sidecar
+from orchestration.cli.preflight import libtpu_sidecar
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def preflight(*args: str, env: dict | None = None) -> subprocess.CompletedProces
     # As a user runs it: without conftest's fake CPU devices (a CPU config's mesh takes all devices it sees).
     base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     full_env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "orchestration.preflight", *args], cwd=ROOT, env=full_env,
+    return subprocess.run([sys.executable, "-m", "orchestration.cli.preflight", *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=3000)
 
 
@@ -74,7 +74,7 @@ def test_shipped_config_fits(config: Path) -> None:
 def one_config_per_model(configs: list[Path]) -> list[Path]:
     """The first config of each model: the probe's line is a property of the model's layer stack (the configs of
     one model differ in batch shapes, and each still gets its own probe in test_shipped_config_fits)."""
-    from orchestration.config_files import load_config
+    from orchestration.config.files import load_config
 
     seen: dict[str, Path] = {}
     for config in configs:
@@ -98,7 +98,7 @@ def test_layer_probe_on_tpu_is_within_the_headroom() -> None:
     probe must stay close enough that its verdict holds. Measured (README's preflight table), probe / whole
     model: Qwen2.5-1.5B v5e:2x2 1.21, Qwen2.5-7B v5e:2x4 1.17, this config (Gemma 3 1B, 26 layers of mixed
     attention, v5e:2x4) 0.97, the one below 1: so it is the one CI compiles whole (132 s here)."""
-    from orchestration.preflight_report import HEADROOM
+    from orchestration.cli.preflight_report import HEADROOM
 
     config = ROOT / "configs" / "math_gemma3-1b_tpu_2hosts.yaml"
     need_libtpu(config)

@@ -14,8 +14,8 @@ import pytest
 
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.fleet import RolloutFleet
-from rollout.peft_adapter import random_peft_adapter
-from rollout.sampling import SamplingParams
+from common.peft_adapter import random_peft_adapter
+from common.sampling import SamplingParams
 
 pytestmark = pytest.mark.integration
 

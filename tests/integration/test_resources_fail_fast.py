@@ -22,7 +22,7 @@ def test_tpu_config_on_a_cpu_cluster_fails_with_the_resource_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a private local cluster, never a shared one
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestration.train", "--config", "configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml",
+        [sys.executable, "-m", "orchestration.cli.train", "--config", "configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml",
          "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
     )

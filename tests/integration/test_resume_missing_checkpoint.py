@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config_files import dump_config, load_config
+from orchestration.config.files import dump_config, load_config
 from orchestration.run_dir import RunDir
 from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
 
@@ -39,7 +39,7 @@ def test_resume_that_cannot_see_the_saved_checkpoint_fails_and_keeps_every_row(t
     before = {name: (run_dir.local / name).read_bytes() for name in ("metrics.jsonl", "samples.jsonl")}
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
-    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--resume", str(run_dir.local)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--resume", str(run_dir.local)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 2, f"exit {proc.returncode}:\n{out}"

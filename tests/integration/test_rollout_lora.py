@@ -19,8 +19,8 @@ import ray
 from rollout.client import RolloutClient, ServerUnavailable
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
-from rollout.peft_adapter import random_peft_adapter
-from rollout.sampling import SamplingParams
+from common.peft_adapter import random_peft_adapter
+from common.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
 from conftest import running_rollout
 
@@ -31,7 +31,7 @@ RANK = 8
 LONG_PROMPT = [1] + [int(x) for x in np.random.default_rng(0).integers(100, 40000, size=200)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 def make_adapter(model_dir, seed: int, zero_b: bool = False, scale: float = 0.5):
-    """PEFT LoRA tensors + config for every projection of the checkpoint (rollout.peft_adapter)."""
+    """PEFT LoRA tensors + config for every projection of the checkpoint (common.peft_adapter)."""
     tensors, config = random_peft_adapter(model_dir, RANK, seed, scale=scale, zero_b=zero_b)
     return tensors, {**config, "base_model_name_or_path": str(model_dir)}
 

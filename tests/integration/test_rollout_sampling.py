@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.handle import Rollout
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 from conftest import running_rollout
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 from learner.checkpoint import Checkpointer
 from learner.learner import _write_folder
 from orchestration.run_dir import RunDir, local_copy
-from storage import uri
+from common import storage as uri
 from tests.integration.multinode import make_bucket, start_gcs_emulator
 
 pytestmark = pytest.mark.integration
@@ -98,6 +98,6 @@ def test_an_adapter_exported_to_the_bucket_is_readable_there(bucket):
     adapter = _write_folder(uri.join(bucket, "runs", "x", "adapter"), write)
     assert json.loads(uri.read_text(uri.join(adapter, "adapter_config.json"))) == {"r": 8}
     uri.write_text(uri.join(bucket, "runs", "x", "config.yaml"), "model: {}\n")
-    local = local_copy(uri.join(bucket, "runs", "x"))  # what `orchestration.serve gs://...` starts from
+    local = local_copy(uri.join(bucket, "runs", "x"))  # what `orchestration.cli.serve gs://...` starts from
     assert (local / "config.yaml").read_text() == "model: {}\n"
     assert json.loads((local / "adapter" / "adapter_config.json").read_text()) == {"r": 8}

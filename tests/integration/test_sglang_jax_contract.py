@@ -22,10 +22,10 @@ import pytest
 
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, VllmConfig
-from rollout.peft_adapter import random_peft_adapter, write_adapter
+from common.peft_adapter import random_peft_adapter, write_adapter
 from rollout.sglang_jax_config import SglangJaxConfig, default_sglang_python
 from rollout.sglang_jax_server import SglangJaxBackend
-from rollout.sampling import Completion, SamplingParams
+from common.sampling import Completion, SamplingParams
 from rollout.vllm_server import VllmBackend
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ RANK = 8
 PROMPT = [1, 7093, 32549, 26011, 36518, 20194, 24304, 38832, 29206]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 def make_adapter(model_dir: Path, seed: int, zero_b: bool = False, scale: float = 0.5):
-    """PEFT LoRA tensors + config for every projection of the checkpoint (rollout.peft_adapter)."""
+    """PEFT LoRA tensors + config for every projection of the checkpoint (common.peft_adapter)."""
     return random_peft_adapter(model_dir, RANK, seed, scale=scale, zero_b=zero_b)
 
 

@@ -1,6 +1,6 @@
 """A 2-step training run with `rollout.backend.kind: sglang_jax` as the only change to the shipped CPU config.
 
-`python -m orchestration.train` in a subprocess (own Ray cluster, the wrapped SGLang-JAX server behind the rollout
+`python -m orchestration.cli.train` in a subprocess (own Ray cluster, the wrapped SGLang-JAX server behind the rollout
 actor, the JAX learner, rewards), on the tiny model. Every step pushes a new adapter version, which SGLang-JAX
 merges into its running weights. Assertions read metrics.jsonl, never the log text.
 """
@@ -42,7 +42,7 @@ def sglang_run(tmp_path_factory, tiny_model_dir) -> Path:
                     pytrace=False)
     run_dir = tmp_path_factory.mktemp("sglang") / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {"PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "orchestration.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY,
+    cmd = [sys.executable, "-m", "orchestration.cli.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY,
            *SGLANG, "train.steps=2"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -60,6 +60,6 @@ def test_two_training_steps_with_sglang_jax(sglang_run):
 
 
 def test_serve_answers_with_the_adapter_trained_on_sglang_jax(sglang_run):
-    """`orchestration.serve` on a run trained with SGLang-JAX serves it through SGLang-JAX (the adapter merged at
+    """`orchestration.cli.serve` on a run trained with SGLang-JAX serves it through SGLang-JAX (the adapter merged at
     start-up), with the same contract as on vLLM: named adapter, API key, completions and chat."""
     serve_and_ask(sglang_run)

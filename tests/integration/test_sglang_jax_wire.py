@@ -17,7 +17,7 @@ from rollout.capabilities import check_sampling
 from rollout.sglang_jax_config import SglangJaxConfig
 from rollout.sglang_jax_engine import patches, wire
 from rollout.sglang_jax_server import SglangJaxBackend
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 
 def test_config_defaults_and_interpreter(monkeypatch, tmp_path):

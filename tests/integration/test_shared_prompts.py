@@ -11,7 +11,7 @@ from learner.batch import TrainBatch
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
-from orchestration.tiny_models import GEMMA3_WINDOW, TINY_FAMILIES
+from orchestration.cli.tiny_models import GEMMA3_WINDOW, TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
 SAMPLING = SamplingTransform(temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.2, presence_penalty=0.1)

@@ -5,7 +5,7 @@ each device's chip coordinates (x, y, z) and the process that holds it. A learne
 describe the same thing in TPU_PROCESS_BOUNDS (hosts along x, y, z) and TPU_CHIPS_PER_PROCESS_BOUNDS (each host's
 block of chips), or libtpu would build another slice than the one the step was compiled for. Runs in a subprocess,
 as preflight does (no fake CPU devices, libtpu importable). Part of finding 4 of issue 27: on main no learner
-process got any bounds (orchestration/tpu_env.py does not exist there).
+process got any bounds (orchestration/cluster/tpu_env.py does not exist there).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.preflight import libtpu_sidecar
-from orchestration.tpu_env import Topology, learner_envs
+from orchestration.cli.preflight import libtpu_sidecar
+from orchestration.cluster.tpu_env import Topology, learner_envs
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ TOPOLOGIES = ["v5e:2x4", "v5e:4x4", "v5e:4x8", "v6e:4x4", "v4:2x2x2", "v4:2x2x4"
 
 LAYOUT = """
 import json, sys
-from orchestration.preflight import use_libtpu
+from orchestration.cli.preflight import use_libtpu
 use_libtpu("v5e:2x2")
 from jax.experimental import topologies
 out = {}

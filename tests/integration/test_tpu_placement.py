@@ -4,7 +4,7 @@ One module-scoped cluster of raylets on this machine (Ray's own `ray.cluster_uti
 8 CPUs; the head) and a 4-host v5e-16 slice (4 `TPU` and 2 CPUs each), with the node labels and head resource Ray's TPU code
 reads on a real slice (ray/_private/accelerators/tpu.py:1024-1059 `get_current_node_accelerator_labels`,
 982-1022 `get_current_node_additional_resources`). The probes are plain actors started with exactly the Ray options
-and environment the driver computes (orchestration/cluster.py, placement.py); each reports what its process (and an
+and environment the driver computes (orchestration/cluster/launch.py, placement.py); each reports what its process (and an
 engine process it would launch) sees. What cannot run here: libtpu on a chip. Ray's sub-slice discovery reads every
 host's chip coordinates through libtpu (ray/util/tpu.py:1325-1353); the fixture stores what it persists for a slice
 whose workers sit in worker-id order (tpu.py:1487-1527, labels from Ray's own `_build_subslice_labels`).
@@ -28,9 +28,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from learner.group import with_env as learner_with_env
-from orchestration import placement
-from orchestration.cluster import engine_replica_env, learner_process_env, learner_runtime_env
-from orchestration.config_files import load_config
+from orchestration.cluster import placement
+from orchestration.cluster.launch import engine_replica_env, learner_process_env, learner_runtime_env
+from orchestration.config.files import load_config
 from rollout.fleet import with_env as engine_with_env
 
 pytestmark = pytest.mark.integration

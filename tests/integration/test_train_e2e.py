@@ -1,4 +1,4 @@
-"""The whole loop for real: `python -m orchestration.train` in a subprocess, which starts its own local Ray cluster,
+"""The whole loop for real: `python -m orchestration.cli.train` in a subprocess, which starts its own local Ray cluster,
 the vLLM server (tiny model) behind the rollout actor, the JAX learner actor, and the rewards.
 
 Assertions read metrics.jsonl, samples.jsonl and the checkpoints; of the log, only the one line a stopped run
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MARK, marked_processes
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
 from rollout.server_process import free_port
@@ -44,7 +44,7 @@ TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_t
 
 
 def train_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestration.train", *args]
+    return [sys.executable, "-m", "orchestration.cli.train", *args]
 
 
 def clean_env() -> dict[str, str]:
@@ -260,13 +260,13 @@ def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
 
 
 def serve_and_ask(run_dir: Path) -> None:
-    """`python -m orchestration.serve RUN_DIR` serves the run's adapter by name through the run's own engine, behind
+    """`python -m orchestration.cli.serve RUN_DIR` serves the run's adapter by name through the run's own engine, behind
     an API key, for completions and chat completions."""
     import httpx
 
     port = free_port()
     marker = f"serve-{uuid.uuid4().hex}"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestration.serve", str(run_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.serve", str(run_dir), "--port", str(port),
                              "--name", "trained", "--api-key", "secret-key"],
                             cwd=ROOT, env=clean_env() | {MARK: marker}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -348,7 +348,7 @@ def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp
                                   "env_vars": {"AHA_FAULT": "between:kill_engine@1"}})  # one replica only
         job = subprocess.run(
             [f"{venv_bin}/ray", "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(ROOT),
-             "--runtime-env-json", runtime_env, "--", "python", "-m", "orchestration.train", "--config",
+             "--runtime-env-json", runtime_env, "--", "python", "-m", "orchestration.cli.train", "--config",
              "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir), *TINY, *SCALED_OUT],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
         assert job.returncode == 0, f"ray job submit failed:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"

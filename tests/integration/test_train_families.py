@@ -1,4 +1,4 @@
-"""Every family through the whole loop: 2 GRPO steps of `python -m orchestration.train` (vLLM + JAX learner + Ray)
+"""Every family through the whole loop: 2 GRPO steps of `python -m orchestration.cli.train` (vLLM + JAX learner + Ray)
 on each family's tiny random model, with the learner scoring the engine's samples to <= 1e-3 per token.
 
 Prompts (chat-rendered Countdown, ~100+ tokens) are longer than tiny-gemma3's 16-token sliding window, so a
@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from orchestration.metrics import read_metrics
-from orchestration.tiny_models import GEMMA3_WINDOW, TINY_FAMILIES, tiny_name
+from orchestration.cli.tiny_models import GEMMA3_WINDOW, TINY_FAMILIES, tiny_name
 from test_train_e2e import CONFIG, ROOT, TINY, assert_finite_rows, clean_env, run_train, train_cmd
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """Your own task, for real: the documented example (a JSONL file and rewards by import path) trained end to end on
 the tiny model, with hostile rewards beside it; and a reward module found through a Ray runtime_env working_dir.
 
-One training run (`python -m orchestration.train` in a subprocess: its own Ray cluster, the vLLM server, the JAX
+One training run (`python -m orchestration.cli.train` in a subprocess: its own Ray cluster, the vLLM server, the JAX
 learner, the reward pool). Assertions read metrics.jsonl and samples.jsonl.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from orchestration.metrics import read_metrics
 from tasks import PromptStream, setup_dataset
 from tasks.render import PromptRenderer
@@ -53,7 +53,7 @@ def user_run(tmp_path_factory, tiny_model_dir) -> Path:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
     env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(root / "modules"))
     run_dir = root / "run"
-    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--config", str(CONFIG), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--config", str(CONFIG), "--run-dir",
                            str(run_dir), *TINY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return run_dir

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from learner.sampling import SamplingTransform
-from orchestration.config_errors import ConfigError
-from orchestration.config_files import load_config
-from rollout.capabilities import CAPABILITIES, OFF, check_sampling, engine_caps
+from orchestration.config.errors import ConfigError
+from orchestration.config.files import load_config
+from common.sampling import OFF
+from rollout.capabilities import CAPABILITIES, check_sampling, engine_caps
 from rollout.config import VllmConfig
 from rollout.engine_config import EngineConfig
 from rollout.sglang_jax_config import SglangJaxConfig
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
 
 ROOT = Path(__file__).resolve().parents[2]

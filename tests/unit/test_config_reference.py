@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestration.config import RunConfig
-from orchestration.config_errors import leaf_paths
-from orchestration.config_reference import DOC, REGENERATE, render, sections
+from orchestration.config.schema import RunConfig
+from orchestration.config.errors import leaf_paths
+from orchestration.config.reference import DOC, REGENERATE, render, sections
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +37,6 @@ def test_aha_train_help_config_prints_the_reference():
                           text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == render()
-    helped = subprocess.run([sys.executable, "-m", "orchestration.train", "--help"], capture_output=True, text=True,
+    helped = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--help"], capture_output=True, text=True,
                             cwd=ROOT, timeout=120)
     assert helped.returncode == 0 and "--help-config" in helped.stdout, helped.stdout

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config import RunConfig
-from orchestration.config_errors import ConfigError, leaf_paths
-from orchestration.config_files import dump_config, load_config
+from orchestration.config.schema import RunConfig
+from orchestration.config.errors import ConfigError, leaf_paths
+from orchestration.config.files import dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -100,7 +100,7 @@ def test_override_without_equals_is_explained():
 def test_cli_config_error_exits_2_without_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(DEMO.read_text() + "\nbogus_section: {a: 1}\n")
-    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--config", str(bad), "--run-dir", str(tmp_path / "run"),
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--config", str(bad), "--run-dir", str(tmp_path / "run"),
                            "train.steps=0"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -112,7 +112,7 @@ def test_cli_config_error_exits_2_without_traceback(tmp_path):
 
 
 def test_cli_one_config_mistake_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "orchestration.train", "--config", str(DEMO), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--config", str(DEMO), "--run-dir",
                            str(tmp_path / "run"), "learner.lrr=1e-5"], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -128,7 +128,7 @@ def test_every_cli_reports_config_mistakes_like_train(tool, tmp_path):
     (run_dir / "config.yaml").write_text(DEMO.read_text() + "\nbogus_section: {a: 1}\nbogus_key: 2\n")
     args = {"preflight": ["--config", str(run_dir / "config.yaml")], "eval": [str(run_dir / "config.yaml")],
             "serve": [str(run_dir)]}[tool]
-    proc = subprocess.run([sys.executable, "-m", f"orchestration.{tool}", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", f"orchestration.cli.{tool}", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()

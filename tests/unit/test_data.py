@@ -141,7 +141,7 @@ def test_a_training_run_with_too_few_puzzles_stops_in_one_line_before_any_cluste
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestration.train", "--config", str(root / "configs" / "countdown_smollm2_cpu.yaml"),
+        [sys.executable, "-m", "orchestration.cli.train", "--config", str(root / "configs" / "countdown_smollm2_cpu.yaml"),
          "--run-dir", str(tmp_path / "run"), "data.train_size=9000"],
         cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]

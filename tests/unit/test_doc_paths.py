@@ -1,6 +1,6 @@
 """Every repository path the user docs name exists: README.md, docs/*.md and learner/README.md.
 
-Paths are found as written (`rollout/fleet.py`, `configs/x.yaml`, a bare `test_x.py`, `python -m orchestration.eval`,
+Paths are found as written (`rollout/fleet.py`, `configs/x.yaml`, a bare `test_x.py`, `python -m orchestration.cli.eval`,
 a Markdown link target); placeholders (`requirements/NAME.lock`, `configs/*.yaml`) are not paths. The learner's
 README must also list every module of learner/ in its table.
 """
@@ -46,11 +46,11 @@ def test_every_path_the_docs_name_exists():
 
 
 def test_the_path_finder_finds_paths_and_skips_the_rest():
-    text = ("Run `bash scripts/demo.sh` or python -m orchestration.eval, see rollout/fleet.py. and\n"
+    text = ("Run `bash scripts/demo.sh` or python -m orchestration.cli.eval, see rollout/fleet.py. and\n"
             "[the config](config.md); not requirements/NAME.lock, configs/*.yaml, configs/X.yaml, learner/grad_norm "
             "or runs/demo/x.py.")
     found = named_paths(text, ROOT / "docs")
-    assert found == {"scripts/demo.sh", "orchestration/eval.py", "rollout/fleet.py", "docs/config.md"}, found
+    assert found == {"scripts/demo.sh", "orchestration/cli/eval.py", "rollout/fleet.py", "docs/config.md"}, found
     readme = named_paths((ROOT / "README.md").read_text(), ROOT)
     assert {"scripts/demo.sh", "configs/countdown_smollm2_cpu.yaml", "docs/config.md"} <= readme, readme
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from orchestration.dynamic_sampling import Drawn, fill_batch, refill_size
 from orchestration.loop import request_seeds
 from rewards.registry import RewardResult
-from rollout.sampling import Completion
+from common.sampling import Completion
 from tasks import DataConfig, PromptStream, setup_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_dynamic_sampling_config_is_checked():
     cfg = load_config(ROOT / "configs" / "countdown_smollm2_cpu.yaml",
                       ["train.dynamic_sampling.enabled=true", "train.dynamic_sampling.max_draws=3"])
     assert cfg.train.dynamic_sampling.max_draws == 3
-    from orchestration.config_errors import ConfigError
+    from orchestration.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.dynamic_sampling.max_draws"):
         load_config(ROOT / "configs" / "countdown_smollm2_cpu.yaml", ["train.dynamic_sampling.max_draws=0"])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from orchestration.engine_check import EngineMismatchError, check_engine_agreement
-from orchestration.prepare_model import model_dir
+from common.model_cache import model_dir
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "countdown_smollm2_cpu.yaml"
 
@@ -17,7 +17,7 @@ DEMO = Path(__file__).resolve().parents[2] / "configs" / "countdown_smollm2_cpu.
 @pytest.fixture
 def cfg():
     if not (model_dir("tiny-gemma3") / "config.json").exists():
-        pytest.fail("tiny-gemma3 not prepared: run `python -m orchestration.prepare_model` in the engine env")
+        pytest.fail("tiny-gemma3 not prepared: run `python -m orchestration.cli.prepare_model` in the engine env")
     return load_config(DEMO, ["model.path=tiny-gemma3"])
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config_errors import ConfigError
-from orchestration.config_files import load_config
+from orchestration.config.errors import ConfigError
+from orchestration.config.files import load_config
 from tasks.config import DataConfig
 from tasks.dataset import DatasetTooSmall, Prompt
 from tasks.environments.base import ModelTurn

@@ -1,4 +1,4 @@
-"""`python -m orchestration.eval`: argument order, held-out prompt drawing, the report and its plot (no engine)."""
+"""`python -m orchestration.cli.eval`: argument order, held-out prompt drawing, the report and its plot (no engine)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestration import eval as eval_cli
-from orchestration.config_errors import ConfigError
+from orchestration.cli import eval as eval_cli
+from orchestration.config.errors import ConfigError
 from tasks import DataConfig, setup_dataset
-from orchestration.heldout import PolicyScores, eval_prompts, eval_sampling
-from rollout.sampling import SamplingParams
+from tasks.heldout import PolicyScores, eval_prompts, eval_sampling
+from common.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"

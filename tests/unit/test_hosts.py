@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.cluster import with_run_key
-from orchestration.config import ActorResources, RunConfig
-from orchestration.config_files import load_config
-from orchestration.resources import demands, shortfall
+from orchestration.cluster.launch import with_run_key
+from orchestration.config.schema import ActorResources, RunConfig
+from orchestration.config.files import load_config
+from orchestration.cluster.resources import demands, shortfall
 from orchestration.run_dir import RunDir, RunDirError, check_shared
 from rollout.config import RolloutConfig, VllmConfig
 from rollout.server_process import ServerProcess, engine_address

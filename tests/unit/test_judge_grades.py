@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestration.config_errors import ConfigError
-from orchestration.config_files import load_config
+from orchestration.config.errors import ConfigError
+from orchestration.config.files import load_config
 from orchestration.judge import judge_step_metrics
 from rewards import RewardsConfig, Sample, setup_rewards
 from rewards.judge import JudgeReward, MalformedGrade

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from orchestration.config import WandbConfig
+from orchestration.config.schema import WandbConfig
 from orchestration.metrics import WANDB_SETUP, MetricsLog, open_wandb, read_metrics
 
 TRAIN = {"reward/total": 0.5, "timing/step": 1.0}

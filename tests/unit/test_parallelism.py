@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.config_errors import ConfigError
-from orchestration.config_files import load_config
-from orchestration.parallelism import report, tp_problem
+from orchestration.config.errors import ConfigError
+from orchestration.config.files import load_config
+from orchestration.config.parallelism import report, tp_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 V5E8 = ROOT / "configs" / "countdown_qwen2.5-1.5b_tpu_v5e8.yaml"

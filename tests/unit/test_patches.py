@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from upstream_pins import PINS, pin_error, require_pinned
+from common.pins import PINS, pin_error, require_pinned
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {"qwix": ["learner.lock", "learner-tpu.lock"], "google-tunix": ["learner.lock", "learner-tpu.lock"],
@@ -28,7 +28,7 @@ def locked(distribution: str, lock: str) -> str:
 def test_each_pin_is_the_locked_version(distribution):
     for lock in LOCKS[distribution]:
         assert locked(distribution, lock) == PINS[distribution], (
-            f"requirements/{lock} installs {distribution} {locked(distribution, lock)} but upstream_pins.py says "
+            f"requirements/{lock} installs {distribution} {locked(distribution, lock)} but common/pins.py says "
             f"{PINS[distribution]}: re-check the places docs/patches.md lists against it, then move the pin")
 
 
@@ -56,12 +56,12 @@ def test_every_place_that_checks_a_pin_is_listed_in_the_docs():
     for extension in VLLM_EXTENSIONS:
         assert f"`{extension.relative_to(ROOT)}`" in docs, f"docs/patches.md does not list {extension.name}"
     for dist, place in calls:
-        assert dist in PINS, f"{place} checks {dist}, which upstream_pins.PINS does not pin"
+        assert dist in PINS, f"{place} checks {dist}, which common.pins.PINS does not pin"
         assert f"`{place}`" in docs, f"{place} reaches into {dist} but docs/patches.md does not list it"
 
 
 def test_the_vllm_extensions_check_the_same_pin():
-    """They run in the engine's processes, where upstream_pins is not importable, so each carries its own constant."""
+    """They run in the engine's processes, where common.pins is not importable, so each carries its own constant."""
     assert len(VLLM_EXTENSIONS) == 2, VLLM_EXTENSIONS
     for extension in VLLM_EXTENSIONS:
         pinned = re.search(r'^PINNED = "([^"]+)"', extension.read_text(), re.M)

@@ -1,11 +1,11 @@
-"""rollout/peft_adapter.py, the one PEFT module the learner and the engines share: names, files and the merge math."""
+"""common/peft_adapter.py, the one PEFT module the learner and the engines share: names, files and the merge math."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rollout import peft_adapter
+from common import peft_adapter
 
 
 def test_merged_deltas_scale_and_names():

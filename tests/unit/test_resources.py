@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestration.config_files import load_config
-from orchestration.resources import demands, shortfall
+from orchestration.config.files import load_config
+from orchestration.cluster.resources import demands, shortfall
 
 ROOT = Path(__file__).resolve().parents[2]
 TPU_HOST = load_config(ROOT / "configs" / "countdown_qwen2.5-1.5b_tpu_v5e8.yaml")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rewards import arithmetic
+from common import arithmetic
 from rewards.countdown import CountdownReward, score
 from rewards.types import Sample
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from rollout.backend import setup_backend
 from rollout.config import RolloutConfig, VllmConfig
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 from rollout.vllm_server import ENGINE_EXT
 
 ALL_FIELDS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -161,12 +161,12 @@ def test_rollout_rejects_bad_requests_before_any_network_use(tmp_path):
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang_jax"])
 def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, kind):
-    """`orchestration.serve` builds one backend config for both engines; each engine's command line carries the
+    """`orchestration.cli.serve` builds one backend config for both engines; each engine's command line carries the
     adapter (merged or attached at start-up, under the run's name) and the API key."""
     import argparse
 
-    from orchestration.config_files import load_config
-    from orchestration.serve import serving_backend
+    from orchestration.config.files import load_config
+    from orchestration.cli.serve import serving_backend
 
     cfg = load_config(Path(__file__).parents[2] / "configs" / "countdown_smollm2_cpu.yaml",
                       [f"rollout.backend.kind={kind}", "rollout.backend.python=/x/python"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestration import signals
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from orchestration.faults import Fault, parse
 from orchestration.loop import request_seeds
 

@@ -1,4 +1,4 @@
-"""Each TPU process's libtpu variables (orchestration/tpu_env.py), against the rules of the code that reads them.
+"""Each TPU process's libtpu variables (orchestration/cluster/tpu_env.py), against the rules of the code that reads them.
 
 - Ray 2.60 (installed here): what it sets itself for a sub-host share (ray/_private/accelerators/tpu.py:826-874),
   its chip counts and its multi-host worker grids (tpu.py:23, 60, 132-160);
@@ -8,7 +8,7 @@
 - libtpu's own layout of a multi-host topology: tests/integration/test_tpu_env_topology.py.
 
 Finding 3 of issue 27 (on main, only Ray's TPU_VISIBLE_CHIPS reached a process, and the learner actor could take no
-extra variables) fails here on main: orchestration/tpu_env.py and `learner.env` do not exist there.
+extra variables) fails here on main: orchestration/cluster/tpu_env.py and `learner.env` do not exist there.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from ray._private.accelerators import tpu as ray_tpu
 
-from orchestration import tpu_env
-from orchestration.cluster import engine_replica_env, learner_process_env, learner_runtime_env
-from orchestration.config_files import load_config
-from orchestration.tpu_env import Topology, engine_envs, isolated_env, learner_envs, subslice_env
+from orchestration.cluster import tpu_env
+from orchestration.cluster.launch import engine_replica_env, learner_process_env, learner_runtime_env
+from orchestration.config.files import load_config
+from orchestration.cluster.tpu_env import Topology, engine_envs, isolated_env, learner_envs, subslice_env
 
 ROOT = Path(__file__).resolve().parents[2]
 V5E8 = ROOT / "configs" / "countdown_qwen2.5-1.5b_tpu_v5e8.yaml"

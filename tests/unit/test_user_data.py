@@ -157,8 +157,8 @@ def test_file_errors_say_what_to_fix(tmp_path) -> None:
 
 
 def test_eval_needs_held_out_rows(tmp_path) -> None:
-    from orchestration.config_errors import ConfigError
-    from orchestration.config_files import load_config
+    from orchestration.config.errors import ConfigError
+    from orchestration.config.files import load_config
 
     with pytest.raises(ConfigError, match="eval.every needs held-out rows: set data.eval_fraction"):
         load_config(Path(__file__).resolve().parents[2] / "configs" / "your_own_task_smollm2_cpu.yaml",

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestration.config_files import load_config
+from orchestration.config.files import load_config
 from rewards import Sample, setup_rewards
 from tasks import setup_dataset
 
@@ -48,7 +48,7 @@ def test_the_example_loads_and_scores(monkeypatch) -> None:
 
 def test_a_reward_that_does_not_import_stops_training_in_one_line(tmp_path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestration.train", "--config", str(CONFIG), "--run-dir", str(tmp_path / "run"),
+        [sys.executable, "-m", "orchestration.cli.train", "--config", str(CONFIG), "--run-dir", str(tmp_path / "run"),
          'rewards.terms=[{fn: "my_missing_module:score"}]', "rewards.solved_by=null"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -59,9 +59,9 @@ def test_a_reward_that_does_not_import_stops_training_in_one_line(tmp_path) -> N
 
 
 def test_the_eval_cli_draws_the_held_out_rows(monkeypatch) -> None:
-    """`python -m orchestration.eval CONFIG --limit 16` (the page's eval) resolves to held-out rows only; another
+    """`python -m orchestration.cli.eval CONFIG --limit 16` (the page's eval) resolves to held-out rows only; another
     --seed draws them in another order, never training rows."""
-    from orchestration.eval import parse_args, resolve
+    from orchestration.cli.eval import parse_args, resolve
 
     monkeypatch.chdir(ROOT)
     train = {p.uid.rsplit("-", 1)[1] for p in setup_dataset(load_config(CONFIG).data, "train")}

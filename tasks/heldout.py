@@ -1,4 +1,4 @@
-"""The held-out eval set and scoring a policy on it: shared by `orchestration.eval` and the in-loop eval.
+"""The held-out eval set and scoring a policy on it: shared by `orchestration.cli.eval` and the in-loop eval.
 
 A prompt is in the eval split by a hash of its content (tasks), so the eval prompts of *any*
 `data.seed` are held out from the training prompts of every seed: `--seed` draws other held-out prompts.
@@ -18,7 +18,7 @@ import numpy as np
 
 from tasks import DataConfig, Prompt
 from tasks.environments.catalog import environment_rows
-from rollout.sampling import SamplingParams
+from common.sampling import SamplingParams
 
 CHUNK_PROMPTS = 16
 """Prompts per generate call: big enough to keep the engine's batch full, small enough for a moving progress bar."""
@@ -64,7 +64,7 @@ class PolicyScores:
     task: str | None
     """The task reward that defines "solved" (None when the config has no task reward)."""
     episodes: dict[str, float] | None = None
-    """An environment's episode figures (orchestration.episodes.episode_metrics: turns, ends, tool calls, ...)."""
+    """An environment's episode figures (tasks.episodes.episode_metrics: turns, ends, tool calls, ...)."""
     transcripts: list[list[dict]] | None = None
     """Each prompt's first episode, message by message (None: single-turn)."""
 
@@ -76,7 +76,7 @@ class PolicyScores:
 def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None, environment=None, limits=None) -> PolicyScores:
     """Generate params.n samples per prompt with the adapter now on the server and score them; with an
-    `environment` (and its episode `limits`), each sample is an episode (orchestration/episodes.py), its
+    `environment` (and its episode `limits`), each sample is an episode (tasks/episodes.py), its
     environment's reward logged as `env` (and "solved" when no task reward is configured).
 
     `on_progress(prompts_done)` is called after each chunk (a progress bar's update).
@@ -93,7 +93,7 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
             groups.extend(rollout.generate([renderer.encode(p) for p in chunk], params))
             texts.extend(renderer.text(p) for p in chunk)  # the chat template once per prompt, not per sample
         else:
-            from orchestration.episodes import play
+            from tasks.episodes import play
 
             played = play(rollout, renderer, environment, chunk, params, limits)
             groups.extend(g.samples for g in played)
@@ -111,7 +111,7 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
     model_tokens = [[len(c.token_ids) for c in g] for g in groups]
     episodes = transcripts = None
     if environment is not None:
-        from orchestration.episodes import episode_metrics
+        from tasks.episodes import episode_metrics
 
         per_name["env"] = np.asarray([[c.env_reward for c in g] for g in groups], dtype=np.float64)
         totals = totals + per_name["env"]

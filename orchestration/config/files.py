@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from orchestration.config import RunConfig
-from orchestration.config_errors import ConfigError, format_validation_error
+from orchestration.config.schema import RunConfig
+from orchestration.config.errors import ConfigError, format_validation_error
 
 
 def _parse_scalar(text: str) -> Any:

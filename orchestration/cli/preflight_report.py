@@ -8,8 +8,8 @@ import re
 import time
 from pathlib import Path
 
-from orchestration.config import RunConfig
-from orchestration.parallelism import report as parts_report
+from orchestration.config.schema import RunConfig
+from orchestration.config.parallelism import report as parts_report
 
 HEADROOM = 0.10  # HBM that must stay free: runtime, fragmentation, the compiler's own misestimates
 GIB = 1 << 30

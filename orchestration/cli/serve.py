@@ -1,4 +1,4 @@
-"""`python -m orchestration.serve RUN_DIR`: serve a trained adapter through the same engine as training.
+"""`python -m orchestration.cli.serve RUN_DIR`: serve a trained adapter through the same engine as training.
 
 Starts the run's engine (its rollout.backend config: vLLM or SGLang-JAX) on the base model with the run's final
 adapter attached under the name `--name` (default: the run directory's name), OpenAI-compatible (completions and
@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.config import RunConfig
-from orchestration.config_errors import ConfigError, error_report
-from orchestration.config_files import load_config
+from orchestration.config.schema import RunConfig
+from orchestration.config.errors import ConfigError, error_report
+from orchestration.config.files import load_config
 from orchestration.run_dir import local_copy
-from rollout.peft_adapter import ADAPTER_CONFIG
-from storage.uri import absolute
+from common.peft_adapter import ADAPTER_CONFIG
+from common.storage import absolute
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m orchestration.serve", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m orchestration.cli.serve", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", help="a training run directory (has config.yaml and adapter/), or its gs:// URI")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         adapter_dir = None if args.base_only else (run_dir / "adapter").resolve()
         if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).exists():
             raise ConfigError(f"{adapter_dir} has no {ADAPTER_CONFIG}: the run has not finished; "
-                              f"`python -m orchestration.train --resume {args.run_dir}` completes it, or use --base-only")
+                              f"`python -m orchestration.cli.train --resume {args.run_dir}` completes it, or use --base-only")
         if args.api_key == "random":
             args.api_key = secrets.token_urlsafe(24)
         name = args.name or ("base" if args.base_only else Path(absolute(args.run_dir)).name)

@@ -1,25 +1,23 @@
 """The config reference, generated from the pydantic models: every key with its type, default and docstring.
 
-    .venv/bin/python -m orchestration.config_reference           # print it (Markdown)
-    .venv/bin/python -m orchestration.config_reference --write   # regenerate docs/config.md
+    .venv/bin/python -m orchestration.config.reference           # print it (Markdown)
+    .venv/bin/python -m orchestration.config.reference --write   # regenerate docs/config.md
     aha train --help-config                                      # the same text, from the CLI
 
 It walks `RunConfig` as it is at run time, so a key or a section added anywhere in the tree appears with no edit
 here: a field whose type holds pydantic models (a union of engines, a list of reward terms) is a section of its
-own, every other field is a row. Descriptions are the field docstrings (`strict_config.Strict` turns them into
-field descriptions; for a model that is not Strict they are read from its class's source).
+own, every other field is a row. Descriptions are the field docstrings (`common.strict.STRICT`, the one config of every model and
+reward dataclass, turns them into field descriptions).
 tests/unit/test_config_reference.py keeps docs/config.md equal to this output and every field documented.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import enum
 import inspect
 import json
 import sys
-import textwrap
 import types
 import typing
 from dataclasses import dataclass
@@ -30,8 +28,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
-REGENERATE = ".venv/bin/python -m orchestration.config_reference --write"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+REGENERATE = ".venv/bin/python -m orchestration.config.reference --write"
 HEADER = f"""# Config reference
 
 Every key of a run config, generated from the pydantic models' field docstrings by
@@ -169,27 +167,8 @@ def _plain(value: Any) -> Any:
 
 def describe(model: type[BaseModel], name: str, info: FieldInfo) -> str:
     """The field's docstring on one line ('' when it has none)."""
-    text = info.description or attribute_docstrings(model).get(name, "")
+    text = info.description or ""
     return " ".join(text.split())
-
-
-def attribute_docstrings(model: type) -> dict[str, str]:
-    """{field: docstring} from the source of `model` and its bases (a string right after an annotated field)."""
-    docs: dict[str, str] = {}
-    for cls in reversed(model.__mro__):
-        if cls in (object, BaseModel) or not issubclass(cls, BaseModel):
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-        except (OSError, TypeError):  # defined where no source is (a REPL, a generated class)
-            continue
-        body = tree.body[0].body
-        for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
-    return docs
 
 
 def anchor(path: str) -> str:
@@ -204,7 +183,7 @@ def cell(text: str) -> str:
 def render(root: type[BaseModel] | None = None) -> str:
     """The whole reference as Markdown."""
     if root is None:
-        from orchestration.config import RunConfig
+        from orchestration.config.schema import RunConfig
 
         root = RunConfig
     out, seen = [HEADER], set()
@@ -223,7 +202,7 @@ def render(root: type[BaseModel] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestration.config_reference", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m orchestration.config.reference", description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help=f"write {DOC.relative_to(DOC.parents[1])} instead of printing")
     args = p.parse_args(argv)
     text = render()

@@ -1,4 +1,4 @@
-"""`python -m orchestration.eval RUN_DIR`: base vs trained on held-out prompts, through the same engine, with CIs.
+"""`python -m orchestration.cli.eval RUN_DIR`: base vs trained on held-out prompts, through the same engine, with CIs.
 
 For each held-out prompt it draws k samples (the run's sampling parameters, n = k) from the base model, then from
 the run's final adapter, and reports accuracy (samples whose task reward is 1.0) and pass@k (prompts with at least
@@ -6,9 +6,9 @@ one such sample) with Wilson 95% intervals, mean reward, and trained - base with
 over prompts (orchestration/stats.py says why). Given a config YAML instead of a run directory it scores the base
 model only (for choosing a task and prompt before training). Results: OUT/eval.json, OUT/eval.png, a table.
 
-    python -m orchestration.eval runs/demo --limit 200 --k 4
-    python -m orchestration.eval runs/demo --seed 1 data.eval_size=400 --limit 400 --temperature 0 --k 1  # any order
-    python -m orchestration.eval configs/countdown_smollm2_cpu.yaml --limit 100 data.countdown_numbers=[2,3]
+    python -m orchestration.cli.eval runs/demo --limit 200 --k 4
+    python -m orchestration.cli.eval runs/demo --seed 1 data.eval_size=400 --limit 400 --temperature 0 --k 1  # any order
+    python -m orchestration.cli.eval configs/countdown_smollm2_cpu.yaml --limit 100 data.countdown_numbers=[2,3]
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ import numpy as np
 from orchestration import signals, stats
 from pydantic import ValidationError
 
-from orchestration.config import RunConfig, part_config
-from orchestration.config_errors import ConfigError, error_report, format_validation_error
-from orchestration.config_files import load_config
+from orchestration.config.schema import RunConfig, part_config
+from orchestration.config.errors import ConfigError, error_report, format_validation_error
+from orchestration.config.files import load_config
 from tasks import Prompt
 from rollout.config import RolloutConfig
-from rollout.peft_adapter import ADAPTER_WEIGHTS, read_adapter
-from rollout.sampling import SamplingParams
+from common.peft_adapter import ADAPTER_WEIGHTS, read_adapter
+from common.sampling import SamplingParams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m orchestration.eval", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m orchestration.cli.eval", description=__doc__.splitlines()[0])
     p.add_argument("target", type=Path, metavar="RUN_DIR|CONFIG",
                    help="a run directory (base vs its adapter/) or a config YAML (base model only)")
     p.add_argument("--k", type=int, default=4, help="samples per prompt (pass@k); default 4")
@@ -72,7 +72,7 @@ class EvalJob:
 
 def resolve(args: argparse.Namespace) -> EvalJob:
     """Config, held-out prompts, adapter and output directory; ConfigError (one line) for any user mistake."""
-    from orchestration.heldout import eval_prompts, eval_sampling
+    from tasks.heldout import eval_prompts, eval_sampling
 
     is_config = args.target.suffix in (".yaml", ".yml")
     cfg = load_config(args.target if is_config else args.target / "config.yaml", args.overrides)
@@ -104,7 +104,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     import ray
     from tqdm import tqdm
 
-    from orchestration.heldout import score_policy
+    from tasks.heldout import score_policy
     from orchestration.judge import setup_judge
     from orchestration.problem import run_limits, run_rewards
     from tasks.render import PromptRenderer
@@ -159,7 +159,7 @@ def summarize_policy(s, seed: int) -> tuple[dict, dict[str, np.ndarray]]:
 def build_report(job: EvalJob, scores: dict, argv: list[str]) -> dict:
     env = job.cfg.environment
     task = job.cfg.data.task if env is None else f"environment {env.name}"
-    report = {"command": "python -m orchestration.eval " + " ".join(argv), "task": task,
+    report = {"command": "python -m orchestration.cli.eval " + " ".join(argv), "task": task,
               "prompts": len(job.prompts), "k": job.params.n, "data_seed": job.seed, "adapter": str(job.adapter_dir),
               "sampling": job.params.model_dump(mode="json")}
     per_prompt = {}

@@ -42,7 +42,7 @@ def _closeness(wrote: str, leaf: str) -> float:
 
 def _did_you_mean(loc: tuple, value: Any) -> str:
     """Suggest the closest leaf of the whole RunConfig tree for an unknown key (`learner.lrr` -> learner.optimizer.lr)."""
-    from orchestration.config import RunConfig  # the schema imports nothing of this module
+    from orchestration.config.schema import RunConfig  # the schema imports nothing of this module
 
     leaves = leaf_paths(RunConfig)
     best = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ray
 
-from orchestration.config import RunConfig
+from orchestration.config.schema import RunConfig
 from rollout.server_process import LOOPBACK
 
 # Ray resource name -> the key of `learner.resources` / `rollout.resources` that asks for it.

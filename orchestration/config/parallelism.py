@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestration.tpu_env import CHIPS_PER_HOST_MULTIHOST, VALID_CHIPS, Topology
+from orchestration.cluster.tpu_env import CHIPS_PER_HOST_MULTIHOST, VALID_CHIPS, Topology
 
 
 def heads(hf: dict[str, Any]) -> tuple[int, int]:

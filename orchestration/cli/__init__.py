@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 COMMANDS = {
-    "train": ("orchestration.train", "GRPO training with LoRA (--help-config: every config key)"),
-    "serve": ("orchestration.serve", "serve a run's trained adapter, OpenAI-compatible"),
-    "eval": ("orchestration.eval", "held-out accuracy of the base model and a run's adapter"),
-    "preflight": ("orchestration.preflight", "will the learner fit its chips? compile only, no TPU needed"),
-    "prepare-model": ("orchestration.prepare_model", "make a model folder from a local GGUF or HF folder"),
+    "train": ("orchestration.cli.train", "GRPO training with LoRA (--help-config: every config key)"),
+    "serve": ("orchestration.cli.serve", "serve a run's trained adapter, OpenAI-compatible"),
+    "eval": ("orchestration.cli.eval", "held-out accuracy of the base model and a run's adapter"),
+    "preflight": ("orchestration.cli.preflight", "will the learner fit its chips? compile only, no TPU needed"),
+    "prepare-model": ("orchestration.cli.prepare_model", "make a model folder from a local GGUF or HF folder"),
 }
 IN_ENGINE_ENV = {"prepare-model"}
 
@@ -37,7 +37,7 @@ def main() -> int:
     if sys.argv[1] in IN_ENGINE_ENV:
         from rollout.engine_config import engine_interpreter
 
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         python = engine_interpreter("AHA_VLLM_PYTHON", "vllm")
         return subprocess.call([str(python), "-m", COMMANDS[sys.argv[1]][0], *sys.argv[2:]],
                                env={**os.environ, "PYTHONPATH": root})
@@ -47,6 +47,3 @@ def main() -> int:
     sys.argv = [f"aha {sys.argv[1]}", *sys.argv[2:]]
     return module.main() or 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,8 +2,8 @@
 
 Each component owns its sub-config (`rollout.config`, `learner.config`, `rewards.config`, `tasks`);
 this module only composes them and checks the few rules that span two parts (validators check, never rewrite).
-YAML in and out with dotted overrides: orchestration/config_files.py; one readable line per mistake:
-orchestration/config_errors.py. Nothing here imports jax or an engine, so `--help` and config errors are instant.
+YAML in and out with dotted overrides: orchestration/config/files.py; one readable line per mistake:
+orchestration/config/errors.py. Nothing here imports jax or an engine, so `--help` and config errors are instant.
 """
 
 from __future__ import annotations
@@ -16,21 +16,20 @@ from pydantic import BaseModel, Field, model_validator
 from learner.config import LearnerConfig
 from tasks import DataConfig
 from tasks.environments.config import EnvironmentConfig
-from orchestration.parallelism import check_engine_chips, check_learner_chips
-from orchestration.prepare_model import model_dir
+from orchestration.config.parallelism import check_engine_chips, check_learner_chips
+from common.model_cache import model_dir
 from rewards.config import RewardsConfig
-from rollout.capabilities import (OFF, PENALTIES, active, check_lora_env, check_platform_resources, check_sampling,
-                                  engine_caps, logprobs_mode, needs_history)
+from rollout.capabilities import check_lora_env, check_platform_resources, check_sampling, engine_caps, logprobs_mode
 from rollout.config import BackendConfig, ClientConfig, RolloutConfig, VllmConfig
-from rollout.sampling import SamplingParams
-from strict_config import Strict
+from common.sampling import OFF, PENALTIES, SamplingParams, active, needs_history
+from common.strict import Strict
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class ModelConfig(Strict):
     path: str = "smollm2-135m-instruct"
-    """HF folder of the base model, or the name of a model made by `orchestration.prepare_model`
+    """HF folder of the base model, or the name of a model made by `orchestration.cli.prepare_model`
     (`smollm2-135m-instruct`, `tiny-llama`), looked up under $AHA_CACHE/models."""
 
     @property
@@ -165,7 +164,7 @@ def check_same_transform(backend, sampling: SamplingParams) -> None:
 
 class ActorResources(Strict):
     """What Ray reserves for one actor of a part: one learner host, or one engine replica. The driver places the
-    parts (orchestration/placement.py, resources.py), so their resources are its keys, not the parts' own."""
+    parts (orchestration/cluster/placement.py, resources.py), so their resources are its keys, not the parts' own."""
 
     num_cpus: float = Field(1.0, ge=0)
     """Ray CPUs (an engine's threads are set by rollout.backend.cpu_threads)."""
@@ -219,7 +218,7 @@ class LearnerSection(LearnerConfig):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables of every learner process (e.g. LIBTPU_INIT_ARGS), set before it imports JAX and
     applied last, over the JAX cache variables and the TPU chip variables the driver computes
-    (orchestration/tpu_env.py)."""
+    (orchestration/cluster/tpu_env.py)."""
 
 
 class JudgeEngineSection(Strict):
@@ -339,7 +338,7 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def check_parallelism(self) -> "RunConfig":
         # The learner's chips against its topology, the engine's against its tensor parallelism and the model's
-        # heads (orchestration/parallelism.py): rules Ray, libtpu and vLLM would apply minutes into the run.
+        # heads (orchestration/config/parallelism.py): rules Ray, libtpu and vLLM would apply minutes into the run.
         check_learner_chips(self.learner.topology, self.learner.hosts, self.learner.resources.tpu)
         check_engine_chips(self.rollout.backend, self.rollout.resources.tpu, self.model.config_json)
         return self

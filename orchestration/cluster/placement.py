@@ -21,7 +21,7 @@ from __future__ import annotations
 import ray
 from ray.util.placement_group import placement_group
 
-from orchestration.tpu_env import Topology
+from orchestration.cluster.tpu_env import Topology
 
 PLACEMENT_TIMEOUT_S = 600
 SLICE_NAME = "ray.io/tpu-slice-name"

@@ -1,4 +1,4 @@
-"""`python -m orchestration.preflight --config CONFIG [key=value ...]`: will the learner fit its chips?
+"""`python -m orchestration.cli.preflight --config CONFIG [key=value ...]`: will the learner fit its chips?
 
 Compiles the learner's step (logprobs, gradient accumulation over one micro-batch, optimizer update) for the
 config's `learner.topology` on this machine, from the model's config.json only (no weights, no TPU), and prints
@@ -6,7 +6,7 @@ per chip: frozen weights, LoRA + optimizer state, temporaries, the total against
 an estimated step time and an MFU estimate. Exit 0 with a last line `preflight: fits ...` when the total leaves
 >= 10% of HBM free; exit 2 with one line naming the setting to change when it does not, also when XLA's TPU compiler
 itself refuses the step for lack of HBM (its needed and available figures per chip). It first states the parts' split
-it checked at load (hosts, chips, tensor parallelism against the model's heads: orchestration/parallelism.py).
+it checked at load (hosts, chips, tensor parallelism against the model's heads: orchestration/config/parallelism.py).
 
 Sequence length: the longest prompt (`--prompt-tokens`, default 256, at most max_model_len - max_tokens) plus
 rollout.sampling.max_tokens, rounded up to learner.seq_bucket, as the Learner pads a batch.
@@ -22,17 +22,17 @@ import os
 import sys
 from pathlib import Path
 
-from orchestration.config import RunConfig
-from orchestration.config_errors import ConfigError, error_report
-from orchestration.config_files import load_config
-from orchestration.prepare_model import cache_dir
+from orchestration.config.schema import RunConfig
+from orchestration.config.errors import ConfigError, error_report
+from orchestration.config.files import load_config
+from common.model_cache import cache_dir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SETUP_HINT = "bash scripts/setup_envs.sh"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m orchestration.preflight", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m orchestration.cli.preflight", description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, required=True, help="YAML config (see configs/)")
     p.add_argument("--model-config", type=Path, help="config.json of the model (default: model.path's, else "
                                                      "configs/models/<model.path's name>/config.json)")
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     # JAX's executable cache would only make --recompile read a CPU step back instead of compiling it (and on TPU
     # it cannot read back without a TPU client: a warning per compile).
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-    from orchestration.preflight_report import run
+    from orchestration.cli.preflight_report import run
 
     figures_dir = None if args.recompile else cache_dir() / "preflight" / "figures"
     return run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers, figures_dir)
