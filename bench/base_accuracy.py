@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestration import stats
+from orchestration.report import stats
 from orchestration.config.files import load_config
-from tasks.heldout import eval_prompts, eval_sampling, score_policy
+from orchestration.evaluation import score_policy
+from tasks.heldout import eval_prompts, eval_sampling
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "countdown_smollm2_cpu.yaml"
 # The prompt before issue 12 ("current" style): a placeholder and an example answer the model copies.

@@ -92,7 +92,7 @@ def multi_turn(rollout: Rollout, renderer: PromptRenderer, rows: list[Prompt], p
     groups = play(rollout, renderer, GoOn(), rows, params, limits)
     elapsed = time.perf_counter() - t0
     samples = [s for g in groups for s in g.samples]
-    assert all(s.turns == limits.max_turns for s in samples), [s.end for s in samples]
+    assert all(s.episode.turns == limits.max_turns for s in samples), [s.episode.end for s in samples]
     return sum(sum(s.mask) for s in samples), elapsed, computed_prompt_tokens(before, engine_counters(rollout))
 
 

@@ -70,27 +70,30 @@ def toy_batch(rows: int, seed: int) -> TrainBatch:
 
 def learner_ratio(path: Path, args) -> tuple[float, float]:
     """(median step seconds with 1 process, with 2 processes) on the same batch."""
-    import ray
-
-    from learner.group import start_learner
+    from learner.handle import LearnerHandle
 
     options = {"num_cpus": 0, "runtime_env": {"env_vars": {
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}", "JAX_PLATFORMS": "cpu"}}}
     base = {"seq_bucket": 64, "grpo": {"micro_batch_size": args.rows}}
-    one = start_learner(LearnerConfig.model_validate(base), path, actor_options=options)
-    two = start_learner(LearnerConfig.model_validate({**base, "hosts": 2}), path, actor_options=options)
+    one = LearnerHandle.start(LearnerConfig.model_validate(base), path, actor_options=options)
+    two = LearnerHandle.start(LearnerConfig.model_validate({**base, "hosts": 2}), path, actor_options=options)
+
+    def step(learner: LearnerHandle) -> dict[str, float]:
+        update = learner.forward_backward(batch, "grpo")
+        return {**update.result(), **learner.optim_step().result()}
+
     batch = toy_batch(args.rows, 0)
     for learner in (one, two):  # compile
-        ray.get(learner.step.remote(batch))
+        step(learner)
     rows = []
     for r in range(args.rounds):
-        single = ray.get(one.step.remote(batch))["learner/step_s"]
-        double = ray.get(two.step.remote(batch))["learner/step_s"]
+        single = step(one)["learner/step_s"]
+        double = step(two)["learner/step_s"]
         rows.append((single, double))
         print(f"learner round {r + 1}: 1 process {single:.3f} s, 2 processes {double:.3f} s, "
               f"ratio {double / single:.3f}", flush=True)
     two.kill()
-    ray.kill(one)
+    one.kill()
     return tuple(statistics.median(x) for x in zip(*rows))
 
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestration import stats
+from orchestration.report import stats
 from orchestration.config.files import load_config
 from tasks.heldout import eval_prompts
 from rewards.registry import setup_rewards

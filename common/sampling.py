@@ -113,18 +113,50 @@ class SamplingParams(Strict):
 
 
 @dataclass
+class EpisodeTrace:
+    """How a multi-turn episode went (tasks/episodes.py), for metrics and samples.jsonl; the learner needs none of it."""
+
+    turns: int = 0
+    """Model turns played."""
+    end: str = ""
+    """Why it ended: done (the environment said so), max_turns, max_tokens (the episode's token budget), timeout or
+    error (the environment's). A turn cut by max_tokens still goes to the environment (finish_reason "length")."""
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    """The messages after the opening, model turns included, as text."""
+    info: dict[str, float] = field(default_factory=dict)
+    """The environment's counts (Reply.info), summed over the episode."""
+    error: str | None = None
+    """The environment's failure, one line."""
+
+
+@dataclass
 class Completion:
-    """One sample for one prompt, as the learner needs it."""
+    """One sample for one prompt, as the learner needs it: a single completion, or a whole multi-turn episode (the
+    same type: its tokens interleave the model's turns with the environment's replies, told apart by `mask`)."""
 
     token_ids: list[int]
-    """Completion token ids (without the prompt), exactly as sampled; a final eos/stop token is included."""
+    """Sampled token ids after the prompt, exactly as sampled; a final eos/stop token is included. An episode's
+    span every token after its opening, model turns and environment replies."""
     logprobs: list[float]
-    """Engine logprob of each sampled token (same length as token_ids)."""
+    """Engine logprob of each token (same length as token_ids; 0.0 at an environment's tokens)."""
     text: str
-    """Detokenised completion (stop strings removed; special tokens per skip_special_tokens)."""
+    """Detokenised completion (stop strings removed; special tokens per skip_special_tokens); an episode's last
+    model turn (what the rewards score)."""
     finish_reason: str
     """"stop" (eos, stop string or stop token) or "length" (max_tokens)."""
     adapter_version: int | None = None
     """LoRA version that produced it; None = base model."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine detail not needed by the learner (e.g. stop_reason, top logprobs)."""
+    mask: list[int] | None = None
+    """Per token: 1 = sampled by the model, 0 = appended by an environment (no loss, no ratio); None: every token
+    is the model's."""
+    env_reward: float = 0.0
+    """The environment's reward for the episode (added to the reward terms' total); 0 for a single completion."""
+    episode: EpisodeTrace | None = None
+    """How the episode went; None for a single completion."""
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model sampled (an environment's tokens are not generated)."""
+        return len(self.token_ids) if self.mask is None else sum(self.mask)

@@ -1,4 +1,5 @@
-"""LearnerActor: the Learner inside a Ray actor, with the Ray options the driver gives it.
+"""LearnerActor: the Learner inside a Ray actor, with the Ray options the driver gives it (learner/handle.py is
+how the driver calls it).
 
 Nothing here is CPU-specific: Ray reserves what the driver asks (the run config's `learner.resources`: CPUs, GPUs,
 `TPU` chips), and inside the actor `jax.devices()` are what Ray exposed (a TPU host's chips, or fake CPU devices
@@ -58,8 +59,11 @@ class LearnerWorker:
         initialize(coordinator, num_processes, process_id)
         self._build()
 
-    def step(self, batch) -> dict[str, float]:
-        return self.learner.step(batch)
+    def forward_backward(self, batch, loss: str = "grpo") -> dict[str, float]:
+        return self.learner.forward_backward(batch, loss)
+
+    def optim_step(self) -> dict[str, float]:
+        return self.learner.optim_step()
 
     def lora_tensors(self) -> tuple[dict, dict] | None:
         """The PEFT tensors from process 0; None from the others (they only take part in the gather)."""

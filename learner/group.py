@@ -5,8 +5,8 @@ node, a free port) and every actor joins it, so one global mesh spans all proces
 handle runs the same method on every actor (multi-controller SPMD: each process runs the same step on its copy of
 the batch, and the collectives inside the step need all of them) and answers with process 0's result.
 
-The handle looks like a LearnerActor handle to the driver: `learner.step.remote(batch)` returns one ObjectRef, so
-the training loop does not know how many processes there are. That ref comes from a small zero-CPU task that
+The group looks like a LearnerActor handle to learner/handle.py: `group.forward_backward.remote(batch)` returns one
+ObjectRef, so the learner handle, and the loop above it, do not know how many processes there are. That ref comes from a small zero-CPU task that
 waits for all members: if one of them dies, the others would block in their next collective forever, so the task
 kills the whole group at once and fails with one line saying so; the run then stops and `--resume` continues from
 the last checkpoint (a multi-controller JAX program cannot go on without a member, nor re-admit one).
@@ -32,7 +32,7 @@ from learner.config import LearnerConfig
 log = logging.getLogger(__name__)
 
 DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
-METHODS = ("step", "lora_tensors", "export_lora", "save", "restore", "devices", "node")
+METHODS = ("forward_backward", "optim_step", "lora_tensors", "export_lora", "save", "restore", "devices", "node")
 
 
 class LearnerProcessLost(RuntimeError):
@@ -94,7 +94,7 @@ class _GroupMethod:
 
 
 class LearnerGroup:
-    """N learner processes behind the methods of one LearnerActor handle (`.step.remote(batch)` etc.)."""
+    """N learner processes behind the methods of one LearnerActor handle (`.forward_backward.remote(batch)` etc.)."""
 
     def __init__(self, actors: list, pg: Any = None):
         self.actors = actors

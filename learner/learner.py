@@ -1,12 +1,16 @@
-"""Learner: owns the policy (Tunix NNX model + Qwix LoRA) on its mesh and does GRPO updates of the LoRA.
+"""Learner: owns the policy (Tunix NNX model + Qwix LoRA) on its mesh and updates the LoRA.
 
-One `step(batch)`:
+Its primitives are the Tinker API's: `forward_backward(batch, loss)` computes the loss's gradient and adds it to
+the gradient held here, `optim_step()` applies that gradient with AdamW and clears it, `lora_tensors()` gives the
+adapter the engines load next (save-for-sampler). A GRPO step is forward_backward(batch, "grpo") + optim_step().
+
+forward_backward(batch, "grpo"):
 1. group-relative advantages from the rewards;
 2. shuffle whole groups (with the learner's saved RNG) and pack into bucketed [rows, L] arrays; micro-batches run
    each distinct prompt once (learner/shared_prompts.py);
-3. if more than one update per batch (epochs or mini-batches): one forward for the old logprobs;
-4. per epoch, per mini-batch: accumulate gradients over micro-batches, then one AdamW update of the LoRA;
-5. metrics as token-weighted means over everything the step saw.
+3. if more than one update per batch (epochs or mini-batches): one forward for the old logprobs, and every update
+   but the last is applied here (each needs the one before it); the last one's gradient is left for optim_step;
+4. metrics as token-weighted means over everything the step saw.
 The adapter leaves as PEFT tensors (`lora_tensors`) or a PEFT folder (`export_lora`).
 """
 
@@ -16,6 +20,7 @@ import logging
 import math
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +47,18 @@ from common.storage import is_uri, upload
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class OpenUpdate:
+    """An update forward_backward opened and optim_step closes: when it began, the grad norms of the updates
+    already applied (several per GRPO batch with epochs or mini-batches), how many updates it makes in all."""
+
+    t0: float
+    norms: list[float]
+    updates: int
+
+
 class Learner:
-    """GRPO on LoRA weights; see the module docstring for what one step does."""
+    """LoRA updates by forward_backward + optim_step; see the module docstring."""
 
     def __init__(self, cfg: LearnerConfig, model_path: Path, checkpoint_dir: str | Path | None = None):
         self.cfg = cfg
@@ -69,6 +84,8 @@ class Learner:
         self._layout: Layout | None = None  # this step's prompt-sharing block sizes (None: plain rows)
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
+        self._grads: dict | None = None  # gradient added by forward_backward, applied and cleared by optim_step
+        self._open: OpenUpdate | None = None  # what optim_step reports of the update forward_backward opened
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
         self._opts = LossOptions.of(cfg.grpo)
         batch_axis = "fsdp" if self.mesh.shape["fsdp"] > 1 else None
@@ -77,9 +94,14 @@ class Learner:
         log.info("learner: %s on %s, mesh %s", self.family, [str(d) for d in self.mesh.devices.flat],
                  dict(self.mesh.shape))
 
-    # ---- GRPO update -------------------------------------------------------------------------------------
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One GRPO update (possibly several optimizer updates) on `batch`; returns `learner/...` metrics."""
+    # ---- the update primitives ----------------------------------------------------------------------------
+    def forward_backward(self, batch: TrainBatch, loss: str = "grpo") -> dict[str, float]:
+        """Add the gradient of `loss` on `batch` to the held gradient; returns the loss's `learner/...` metrics.
+
+        "grpo": the GRPO objective on a batch of groups (see the module docstring for what it does with several
+        updates per batch). The gradient waits for `optim_step`."""
+        if loss != "grpo":
+            raise ValueError(f"loss {loss!r}: the learner's GRPO path takes 'grpo'")
         t0 = time.perf_counter()
         g = self.cfg.grpo
         adv = grpo_advantages(batch.rewards, batch.group_ids, g.std_normalize)
@@ -97,17 +119,31 @@ class Learner:
         old = self._old_logprobs(logprob_fn, packed, micro) if off_policy else None
         totals: dict[str, float] = {}
         losses, norms = [], []
-        for _ in range(g.epochs):
-            for lo in range(0, rows, mini):
-                loss, norm = self._update(accumulate, packed, old, slice(lo, lo + mini), micro, totals)
-                losses.append(loss)
-                norms.append(norm)
-        out = self._metrics(totals, losses, norms, adv)
+        updates = [lo for _ in range(g.epochs) for lo in range(0, rows, mini)]
+        for k, lo in enumerate(updates):
+            losses.append(self._accumulate(accumulate, packed, old, slice(lo, lo + mini), micro, totals))
+            if k < len(updates) - 1:
+                norms.append(self._apply_grads())
+        self._open = OpenUpdate(t0, norms, len(updates))
+        out = self._metrics(totals, losses, adv)
         out["learner/completion_tokens"] = float(packed.loss_mask.sum())
         out["learner/zero_adv_frac"] = zero_adv_frac
         out["learner/trained_samples"] = float(len(batch))
-        out["learner/step_s"] = time.perf_counter() - t0
         return out
+
+    def optim_step(self) -> dict[str, float]:
+        """Apply the held gradient (AdamW on the LoRA weights) and clear it; returns `learner/grad_norm`,
+        `learner/updates` and `learner/step_s` (from the forward_backward that opened the update)."""
+        if self._grads is None:
+            raise ValueError("optim_step: no gradient is held; call forward_backward first")
+        opened, self._open = self._open, None
+        norms = [*opened.norms, self._apply_grads()]
+        return {"learner/grad_norm": float(np.mean(norms)), "learner/updates": float(opened.updates),
+                "learner/step_s": time.perf_counter() - opened.t0}
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One GRPO step: forward_backward(batch, "grpo") + optim_step(); returns their `learner/...` metrics."""
+        return {**self.forward_backward(batch, "grpo"), **self.optim_step()}
 
     def _group_order(self, group_ids: np.ndarray) -> np.ndarray:
         """Rows shuffled by whole groups (a group's samples adjacent, so micro-batches share their prompts)."""
@@ -158,10 +194,10 @@ class Learner:
             cmps.append(to_host(raw if raw is not None else logp))
         return np.concatenate(logps), np.concatenate(cmps)
 
-    def _update(self, accumulate, packed, old, rows: slice, micro: int, totals: dict) -> tuple[float, float]:
-        """Accumulate gradients over the micro-batches of one mini-batch, then one optimizer update."""
+    def _accumulate(self, accumulate, packed, old, rows: slice, micro: int, totals: dict) -> float:
+        """Add the gradient of one mini-batch (over its micro-batches) to the held gradient; returns its loss."""
         weights = token_weights(packed.loss_mask[rows], self.cfg.grpo.loss_agg, self.cfg.grpo.norm_tokens)
-        acc = jax.tree.map(jnp.zeros_like, self.params)
+        acc = self._grads if self._grads is not None else jax.tree.map(jnp.zeros_like, self.params)
         loss = 0.0
         for lo in range(0, rows.stop - rows.start, micro):
             r = slice(rows.start + lo, rows.start + lo + micro)
@@ -172,11 +208,17 @@ class Learner:
             loss += float(mb_loss)
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
-        self.params, self.opt_state, norm = self._apply(self.params, self.opt_state, acc)
-        return loss, float(norm)
+        self._grads = acc
+        return loss
+
+    def _apply_grads(self) -> float:
+        """One AdamW update with the held gradient, which is then cleared; returns its pre-clip norm."""
+        grads, self._grads = self._grads, None
+        self.params, self.opt_state, norm = self._apply(self.params, self.opt_state, grads)
+        return float(norm)
 
     @staticmethod
-    def _metrics(totals: dict, losses: list, norms: list, adv: np.ndarray) -> dict[str, float]:
+    def _metrics(totals: dict, losses: list, adv: np.ndarray) -> dict[str, float]:
         tokens = max(totals.pop("tokens"), 1.0)
         out = {f"learner/{k}": v / tokens for k, v in totals.items()}
         out["learner/clip_frac"] = out.pop("learner/clip")
@@ -185,9 +227,7 @@ class Learner:
         out["learner/is_clip_frac"] = out.pop("learner/is_clip")
         out.update({
             "learner/loss": float(np.mean(losses)),
-            "learner/grad_norm": float(np.mean(norms)),
             "learner/adv_std": float(np.std(adv)),
-            "learner/updates": float(len(losses)),
         })
         return out
 

@@ -102,7 +102,7 @@ class FaultHook:
             kill_engine_node(self.parts.rollout)
         elif action == "kill_learner":
             # One process of a multi-host learner (learner.hosts > 1) is enough to stop the whole group.
-            actors = getattr(self.parts.learner, "actors", None) or [self.parts.learner]
+            actors = self.parts.learner.actors
             ray.kill(actors[-1], no_restart=True)
 
 

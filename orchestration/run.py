@@ -16,19 +16,20 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import numpy as np
-import ray
 
+from learner.handle import LearnerDied
 from orchestration import signals
-from orchestration.cluster import launch as cluster
+from orchestration.cluster import launch
 from orchestration.config.schema import RunConfig
 from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.judge import setup_judge
-from orchestration.loop import LearnerDied, LoopState, Parts, learner_get, push_adapter, save_checkpoint, train_loop
+from orchestration.loop import save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.run_dir import CHECKPOINTS, RunDir, RunDirError, check_shared
-from orchestration.plots import write_plots
+from orchestration.state import LoopState, Parts
+from orchestration.report.plots import write_plots
 from tasks.render import PromptRenderer
 from orchestration.problem import run_environment, run_rewards, run_rows
 
@@ -39,10 +40,10 @@ T = TypeVar("T")
 def restore_learner(parts: Parts) -> tuple[int, dict]:
     """The learner's last checkpoint: (step, extra), (0, {}) when it has none; refused when the run saved a later
     one that the learner's host cannot see (a resume there would start over and drop every row)."""
-    step, extra = learner_get(parts.learner.restore.remote(), "the checkpoint restore")
+    step, extra = parts.learner.restore()
     expected = parts.run_dir.expected_checkpoint()
     if expected is not None and step < expected:
-        host = learner_get(parts.learner.node.remote(), "the checkpoint restore")
+        host = parts.learner.node()
         found = f"step {step}" if step else "no checkpoint"
         raise RunDirError(f"resume: this run saved checkpoint step {expected} under "
                           f"{parts.run_dir.path(CHECKPOINTS)}, but the learner on {host} found {found} there (that "
@@ -91,7 +92,7 @@ def loop_state(parts: Parts, step: int, extra: dict) -> LoopState:
 def serve_restored_policy(parts: Parts, step: int) -> None:
     """A fresh engine serves the base model: push the restored adapter before the first generation."""
     if step > 0:
-        push_adapter(parts, step)
+        parts.rollout.push_lora(step, *parts.learner.save_for_sampler())
         log.info("resumed at step %d (adapter version %d pushed)", step, step)
 
 
@@ -99,7 +100,7 @@ def finish(cfg: RunConfig, parts: Parts, placement: dict) -> None:
     """Export the final adapter (to the run dir, where the driver and a user can read it), draw the plots, write a
     short summary."""
     run_dir = parts.run_dir
-    adapter_dir = ray.get(parts.learner.export_lora.remote(run_dir.path("adapter")))
+    adapter_dir = parts.learner.export(run_dir.path("adapter"))
     rows = read_metrics(run_dir.local)
     if cfg.logging.plots and rows:
         write_plots(rows, run_dir.local / "plots")
@@ -108,15 +109,13 @@ def finish(cfg: RunConfig, parts: Parts, placement: dict) -> None:
     summary["placement"] = placement
     (run_dir.local / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("summary: %s", json.dumps(summary))
-    log.info("serve the trained adapter: python -m orchestration.cli.serve %s", run_dir)
+    log.info("serve the trained adapter: aha serve %s", run_dir)
 
 
 def placement_of(parts: Parts) -> dict:
     """Which node each part runs on: the driver's, the learner's (process 0), the engines' URLs."""
-    urls = [r.rollout.base_url for r in parts.rollout.replicas] if hasattr(parts.rollout, "replicas") \
-        else [parts.rollout.base_url]
-    where = {"driver": ray.util.get_node_ip_address(), "learner": learner_get(parts.learner.node.remote(), "start"),
-             "engines": urls}
+    urls = parts.rollout.base_urls
+    where = {"driver": launch.driver_address(), "learner": parts.learner.node(), "engines": urls}
     log.info("placement: driver on %s, learner on %s, engines at %s", where["driver"], where["learner"], urls)
     return where
 
@@ -163,14 +162,14 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
     parts = state = None
     started_cluster = False
     try:
-        started_cluster = cluster.connect(cfg)
+        started_cluster = launch.connect(cfg)
         signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
-        check_shared(run_dir, cfg.train.run_dir_shared, len([n for n in ray.nodes() if n.get("Alive")]))
-        learner = cluster.start_learner(cfg, run_dir.path(CHECKPOINTS))
+        check_shared(run_dir, cfg.train.run_dir_shared, launch.alive_nodes())
+        learner = launch.start_learner(cfg, run_dir.path(CHECKPOINTS))
         # The engines start while the learner loads its model and restores (on a TPU host each loads weights and
         # compiles for minutes). A resume that cannot see its checkpoint still fails in seconds: nothing waits for
         # the engines being started, whose actors end with this driver (or with the cluster it started).
-        engines_starting = in_background(cluster.start_rollout, cfg)
+        engines_starting = in_background(launch.start_rollout, cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
         parts = Parts(None, learner, rewards, stream, renderer,  # type: ignore[arg-type]
@@ -210,4 +209,4 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         rewards.close()
         run_dir.sync_all()
         if started_cluster:
-            ray.shutdown()
+            launch.disconnect()

@@ -3,7 +3,7 @@ sandboxed worker pool that runs a user's own reward functions (TRL's signature) 
 
 from rewards.config import RewardsConfig, RewardTerm
 from rewards.catalog import REWARDS
-from rewards.registry import RewardResult, RewardSet, score_batch, setup_rewards
+from rewards.registry import RewardResult, RewardSet, reward_metrics, score_batch, setup_rewards
 from rewards.types import RewardFn, Sample, TrainingProgress
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "RewardsConfig",
     "Sample",
     "TrainingProgress",
+    "reward_metrics",
     "score_batch",
     "setup_rewards",
 ]

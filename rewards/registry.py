@@ -46,9 +46,12 @@ class RewardResult:
     """Wall time spent in each reward for this batch (user rewards share one figure: they run together)."""
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
     """Failures by kind (rewards.pool.FAILURE_KINDS); they sum to len(errors)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """What user rewards logged through TRL's `log_metric`, as `<term>/<name>` (the mean over the batch's calls), and
-    the additive counters a batched reward reports for this batch (the judge's `judge/requests`, `judge/seconds`...)."""
+    logged_means: dict[str, float] = field(default_factory=dict)
+    """What user rewards logged through TRL's `log_metric`, as `<term>/<name>`: the mean over the batch's calls
+    (several batches of a step: their mean; logged as `reward/<term>/<name>`)."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """Additive counts a batched reward reports for this batch, under their own keys (the judge's `judge/requests`,
+    `judge/seconds`...; several batches of a step: their sum)."""
 
     def means(self) -> dict[str, float]:
         """Mean of each reward over the samples it scored (a reward that scored none is left out)."""
@@ -58,6 +61,33 @@ class RewardResult:
             if scored:
                 out[name] = sum(scored) / len(scored)
         return out
+
+
+def reward_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
+    """A step's reward figures over its batches (one per dynamic-sampling draw): each reward's mean over the samples
+    it scored, the logged means (averaged over batches) and counters (summed), and the failures by kind."""
+    import numpy as np  # here, not at the top: `import rewards` stays free of numpy for any Ray worker
+
+    per_name: dict[str, list[float]] = {}
+    means: dict[str, list[float]] = {}
+    counters: dict[str, list[float]] = {}
+    failures: dict[str, int] = {}
+    for result in results:
+        for name, values in result.per_name.items():
+            per_name.setdefault(name, []).extend(values)
+        for key, value in result.logged_means.items():
+            means.setdefault(key, []).append(value)
+        for key, value in result.counters.items():
+            counters.setdefault(key, []).append(value)
+        for kind, count in result.failures.items():
+            failures[kind] = failures.get(kind, 0) + count
+    return {
+        **{f"reward/{name}": float(np.nanmean(v)) for name, v in per_name.items() if not np.isnan(v).all()},
+        **{f"reward/{key}": float(np.mean(v)) for key, v in means.items()},
+        **{key: float(np.sum(v)) for key, v in counters.items()},
+        "reward/errors": sum(len(r.errors) for r in results),
+        **{f"reward/errors/{kind}": count for kind, count in failures.items()},
+    }
 
 
 class RewardSet:
@@ -91,7 +121,7 @@ class RewardSet:
                 if isinstance(fn, BatchRewardFn):  # one call for the batch (the judge); per-sample errors as below
                     values = [self._checked(fn, lambda v=v: v, sample, index, result)
                               for index, (sample, v) in enumerate(zip(samples, fn.score_batch(samples), strict=True))]
-                    result.metrics.update(fn.take_metrics())
+                    result.counters.update(fn.take_metrics())
                 else:
                     values = [self._checked(fn, lambda s=sample: fn(s), sample, index, result)
                               for index, sample in enumerate(samples)]
@@ -144,7 +174,7 @@ class RewardSet:
                 values[fn.__name__] += [math.nan if v is None else v for v in outcome.values or []]
                 for name, value in outcome.metrics.items():
                     logged.setdefault(f"{fn.__name__}/{name}", []).append(value)
-        result.metrics.update({key: sum(v) / len(v) for key, v in logged.items()})
+        result.logged_means.update({key: sum(v) / len(v) for key, v in logged.items()})
         return values
 
     def _fail(self, line: str, kind: str, result: RewardResult, cause: BaseException | None = None) -> None:

@@ -121,6 +121,10 @@ class RolloutFleet:
         """The first live replica's URL (for tools that talk to one server)."""
         return next(r.rollout.base_url for r in self.replicas if r.live)
 
+    @property
+    def base_urls(self) -> list[str]:
+        return [r.rollout.base_url for r in self.replicas]
+
     def stop(self) -> None:
         """Stop every replica (background rebuilds are cancelled first); idempotent."""
         for r in self.replicas:

@@ -78,6 +78,10 @@ class Rollout:
         """URL of the running server."""
         return self._require_client().base_url
 
+    @property
+    def base_urls(self) -> list[str]:
+        return [self.base_url]
+
     def _require_client(self) -> RolloutClient:
         if self._client is None:
             raise RuntimeError("Rollout is not started; call start() (or use `with Rollout(...) as rollout`)")

@@ -8,8 +8,8 @@ appended as tokens (`PromptRenderer.continuation`), and the engine samples the n
 sequence so far, until the reply says done or a limit ends the episode.
 
 The training sample is that interleaved sequence, built only by appending: the engine's own sampled ids (with their
-logprobs) and the environment's ids, never by re-tokenising the conversation. `EpisodeSample.mask` is 1 at model
-tokens and 0 at environment tokens (whose logprob slots hold 0.0): the learner trains on, and corrects the ratio of,
+logprobs) and the environment's ids, never by re-tokenising the conversation. It is a `Completion` like a
+single-turn sample (common/sampling.py): its `mask` is 1 at model tokens and 0 at environment tokens (whose logprob slots hold 0.0): the learner trains on, and corrects the ratio of,
 model tokens only (learner/batch.py).
 
 Limits (`environment:`): `max_turns` model turns; `max_episode_tokens` tokens after the opening (each turn's
@@ -28,40 +28,18 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from common.event_loop import run_sync
-from common.sampling import Completion, SamplingParams
+from common.sampling import Completion, EpisodeTrace, SamplingParams
 from tasks.prompt import Prompt
 from tasks.environments.base import Environment, Episode, ModelTurn, Reply, call
 from tasks.render import PromptRenderer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EpisodeSample(Completion):
-    """One episode as a training sample: `token_ids`/`logprobs` span every token after the opening (model turns and
-    environment replies); `text` is the model's last turn (what the rewards score)."""
-
-    mask: list[int] = field(default_factory=list)
-    """Per token: 1 = sampled by the model, 0 = appended by the environment."""
-    env_reward: float = 0.0
-    """Sum of the environment's reward contributions (0 when it failed)."""
-    turns: int = 0
-    """Model turns played."""
-    end: str = ""
-    """Why it ended: done (the environment said so), max_turns, max_tokens (the episode's token budget), timeout or
-    error (the environment's). A turn cut by max_tokens still goes to the environment (finish_reason "length")."""
-    transcript: list[dict[str, Any]] = field(default_factory=list)
-    """The messages after the opening, model turns included, as text (for samples.jsonl)."""
-    info: dict[str, float] = field(default_factory=dict)
-    """The environment's counts (Reply.info), summed over the episode."""
-    error: str | None = None
-    """The environment's failure, one line."""
 
 
 @dataclass
@@ -72,7 +50,7 @@ class Group:
     """The opening, rendered and tokenised (the learner's prompt)."""
     text: str
     """The opening as text."""
-    samples: list[EpisodeSample]
+    samples: list[Completion]
 
 
 @dataclass(frozen=True)
@@ -160,9 +138,10 @@ def _turn_seed(seed: int | None, *path: int) -> int | None:
 
 
 async def _play_episode(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: list[int], turn: Completion,
-                        seed: int | None) -> EpisodeSample:
+                        seed: int | None) -> Completion:
     """Turns until done or a limit, then the episode's `close`; the sample holds every token after the opening."""
-    out = EpisodeSample(token_ids=[], logprobs=[], text="", finish_reason="", adapter_version=turn.adapter_version)
+    out = Completion(token_ids=[], logprobs=[], text="", finish_reason="", adapter_version=turn.adapter_version,
+                     mask=[], episode=EpisodeTrace())
     info: Counter = Counter()
     failed = None
     try:
@@ -175,63 +154,63 @@ async def _play_episode(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: l
             out.env_reward += float(last or 0.0) if failed is None else 0.0
         except EnvironmentFailed as exc:
             failed = failed or exc
-    out.info = {k: float(v) for k, v in info.items()}
+    out.episode.info = {k: float(v) for k, v in info.items()}
     if failed is not None:
         if ctx.limits.on_error == "fail":
             raise failed
         log.error("%s (episode scored 0; set rewards.on_error: fail to stop instead)", failed)
-        out.end = "timeout" if "took longer" in str(failed) else "error"
-        out.error, out.env_reward = str(failed), 0.0
+        out.episode.end = "timeout" if "took longer" in str(failed) else "error"
+        out.episode.error, out.env_reward = str(failed), 0.0
     return out
 
 
 async def _turns(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: list[int], turn: Completion,
-                 seed: int | None, out: EpisodeSample, info: Counter) -> None:
+                 seed: int | None, out: Completion, info: Counter) -> None:
     """Append the model's turn, ask the environment, append its reply, sample the next turn; until an end.
 
     A turn cut by its max_tokens goes to the environment like any other (it reads hostile text anyway); its reply
     then follows the template's end-of-turn token, which the environment's ids supply."""
     while True:
         _append(out, turn.token_ids, turn.logprobs, model=True)
-        out.text, out.finish_reason, out.turns = turn.text, turn.finish_reason, out.turns + 1
-        out.transcript.append({"role": "assistant", "content": turn.text})
-        reply: Reply = await ctx.env(f"{row.uid}: step", episode.step, ModelTurn(turn.text, out.turns - 1))
+        out.text, out.finish_reason, out.episode.turns = turn.text, turn.finish_reason, out.episode.turns + 1
+        out.episode.transcript.append({"role": "assistant", "content": turn.text})
+        reply: Reply = await ctx.env(f"{row.uid}: step", episode.step, ModelTurn(turn.text, out.episode.turns - 1))
         out.env_reward += float(reply.reward)
         info.update(reply.info)
-        if reply.done or out.turns >= ctx.limits.max_turns:
-            out.end = "done" if reply.done else "max_turns"
+        if reply.done or out.episode.turns >= ctx.limits.max_turns:
+            out.episode.end = "done" if reply.done else "max_turns"
             return
         env_ids = ctx.renderer.continuation(reply.messages, turn.token_ids[-1] if turn.token_ids else None)
         context = len(prompt_ids) + len(out.token_ids) + len(env_ids)
         room = min(ctx.limits.max_episode_tokens - len(out.token_ids) - len(env_ids),
                    ctx.limits.max_model_len - context, ctx.params.max_tokens)
         if room < 1:
-            out.end = "max_tokens"
+            out.episode.end = "max_tokens"
             return
         _append(out, env_ids, [0.0] * len(env_ids), model=False)
-        out.transcript.extend(reply.messages)
+        out.episode.transcript.extend(reply.messages)
         params = ctx.params.model_copy(update={"n": 1, "max_tokens": room})
-        [turn] = await ctx.generate(prompt_ids + out.token_ids, params, _turn_seed(seed, out.turns))
+        [turn] = await ctx.generate(prompt_ids + out.token_ids, params, _turn_seed(seed, out.episode.turns))
 
 
-def _append(out: EpisodeSample, ids: Sequence[int], logprobs: Sequence[float], model: bool) -> None:
+def _append(out: Completion, ids: Sequence[int], logprobs: Sequence[float], model: bool) -> None:
     out.token_ids.extend(ids)
     out.logprobs.extend(logprobs)
     out.mask.extend([int(model)] * len(ids))
 
 
-def episode_metrics(samples: Sequence[EpisodeSample]) -> dict[str, float]:
+def episode_metrics(samples: Sequence[Completion]) -> dict[str, float]:
     """`env/...` figures of one step's episodes."""
     tokens = sum(len(s.mask) for s in samples)
-    ends = Counter(s.end for s in samples)
+    ends = Counter(s.episode.end for s in samples)
     out = {
         "env/reward": float(np.mean([s.env_reward for s in samples])),
-        "env/turns_mean": float(np.mean([s.turns for s in samples])),
+        "env/turns_mean": float(np.mean([s.episode.turns for s in samples])),
         "env/episode_len_mean": float(np.mean([len(s.mask) for s in samples])),
         "env/env_token_frac": float(sum(len(s.mask) - sum(s.mask) for s in samples) / max(tokens, 1)),
         "env/errors": float(ends["error"] + ends["timeout"]),
         **{f"env/end_{end}": count / len(samples) for end, count in sorted(ends.items())},
     }
-    keys = sorted({k for s in samples for k in s.info})
-    out.update({f"env/{k}_mean": float(np.mean([s.info.get(k, 0.0) for s in samples])) for k in keys})
+    keys = sorted({k for s in samples for k in s.episode.info})
+    out.update({f"env/{k}_mean": float(np.mean([s.episode.info.get(k, 0.0) for s in samples])) for k in keys})
     return out

@@ -3,7 +3,7 @@
 For each held-out prompt it draws k samples (the run's sampling parameters, n = k) from the base model, then from
 the run's final adapter, and reports accuracy (samples whose task reward is 1.0) and pass@k (prompts with at least
 one such sample) with Wilson 95% intervals, mean reward, and trained - base with a paired bootstrap 95% interval
-over prompts (orchestration/stats.py says why). Given a config YAML instead of a run directory it scores the base
+over prompts (orchestration/report/stats.py says why). Given a config YAML instead of a run directory it scores the base
 model only (for choosing a task and prompt before training). Results: OUT/eval.json, OUT/eval.png, a table.
 
     python -m orchestration.cli.eval runs/demo --limit 200 --k 4
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestration import signals, stats
+from orchestration import signals
+from orchestration.report import stats
 from pydantic import ValidationError
 
 from orchestration.config.schema import RunConfig, part_config
@@ -104,7 +105,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     import ray
     from tqdm import tqdm
 
-    from tasks.heldout import score_policy
+    from orchestration.evaluation import score_policy
     from orchestration.judge import setup_judge
     from orchestration.problem import run_limits, run_rewards
     from tasks.render import PromptRenderer
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     report["seconds"] = round(time.perf_counter() - t0, 1)
     job.out_dir.mkdir(parents=True, exist_ok=True)
     (job.out_dir / "eval.json").write_text(json.dumps(report, indent=2))
-    from orchestration.plots import write_eval_plot
+    from orchestration.report.plots import write_eval_plot
 
     write_eval_plot(report, job.out_dir / "eval.png")
     print("\n" + format_table(report))

@@ -93,7 +93,7 @@ def _main(argv: list[str] | None) -> int:
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir)
     from tasks import DataError
-    from orchestration.loop import LearnerDied
+    from learner.handle import LearnerDied
     from orchestration.cluster.resources import ResourceError
     from rewards.pool import RewardImportError
     from orchestration.run import run  # imports Ray, the learner and the engine client

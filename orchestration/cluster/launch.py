@@ -75,18 +75,33 @@ def connect(cfg: RunConfig) -> bool:
     return True
 
 
+def alive_nodes() -> int:
+    """How many nodes of the connected cluster are alive."""
+    return len([n for n in ray.nodes() if n.get("Alive")])
+
+
+def driver_address() -> str:
+    """This process's node address, as the other nodes see it."""
+    return ray.util.get_node_ip_address()
+
+
+def disconnect() -> None:
+    """Leave the cluster (stopping it if this process started it)."""
+    ray.shutdown()
+
+
 def start_learner(cfg: RunConfig, checkpoint_dir: str):
-    """The learner actor (or, with learner.hosts > 1, the group of learner processes behind one handle); its model
-    loads in the background while the rollout server starts."""
-    from learner.group import start_learner
+    """The learner's handle (one actor, or with learner.hosts > 1 a group of processes behind it); its model loads
+    in the background while the rollout server starts."""
+    from learner.handle import LearnerHandle
 
     check_cluster_fits(cfg)  # the first actor: a run the cluster cannot hold fails in seconds, not waits forever
     placement = reserve_learner(cfg)
     options = cfg.learner.resources.ray_options()
     if runtime_env := learner_runtime_env(cfg):
         options["runtime_env"] = runtime_env
-    return start_learner(part_config(cfg.learner, LearnerConfig), cfg.model.resolved_path, checkpoint_dir, options,
-                         placement=placement, process_env=learner_process_env(cfg, placement))
+    return LearnerHandle.start(part_config(cfg.learner, LearnerConfig), cfg.model.resolved_path, checkpoint_dir,
+                               options, placement=placement, process_env=learner_process_env(cfg, placement))
 
 
 def with_run_key(rollout: RolloutConfig) -> RolloutConfig:

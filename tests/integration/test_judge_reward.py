@@ -55,12 +55,12 @@ def test_known_good_and_known_bad_answers_score_one_and_zero_batched_and_cached(
     rewards = judged_rewards(policy)
     result = rewards.score([GOOD, BAD, GOOD])
     assert result.per_name["judge"] == [1.0, 0.0, 1.0] and result.errors == []
-    m = result.metrics
+    m = result.counters
     assert m["judge/requests"] == 2 and m["judge/cache_hits"] == 1, "the repeated sample was sent twice"
     assert m["judge/completion_tokens"] >= 2 and m["judge/prompt_tokens"] > 2 * 20 and m["judge/seconds"] > 0
     again = rewards.score([BAD, GOOD])
     assert again.per_name["judge"] == [0.0, 1.0]
-    assert again.metrics["judge/requests"] == 0 and again.metrics["judge/cache_hits"] == 2
+    assert again.counters["judge/requests"] == 0 and again.counters["judge/cache_hits"] == 2
 
 
 def test_the_judge_asks_the_base_model_while_the_policy_has_an_adapter(policy, smollm2_dir):
@@ -86,7 +86,7 @@ def test_a_malformed_reply_scores_per_on_error(policy, caplog):
     result = rewards.score([GOOD, MALFORMED])
     assert result.per_name["judge"] == [1.0, 0.0]
     assert len(result.errors) == 1 and "judge replied ' maybe', not one of the grades ['no', 'yes']" in result.errors[0]
-    assert "sample 1" in result.errors[0] and result.metrics["judge/malformed"] == 1
+    assert "sample 1" in result.errors[0] and result.counters["judge/malformed"] == 1
     with pytest.raises(RuntimeError, match="judge replied ' maybe'"):
         judged_rewards(policy, on_error="fail").score([GOOD, MALFORMED])
 

@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from learner.actor import start_learner_actor
+from learner.handle import LearnerHandle
 from learner.config import LearnerConfig
 from test_learner_checkpoint import toy_batch
 
@@ -30,7 +31,8 @@ def test_actor_steps_on_its_slice_and_ships_tensors(local_ray, tiny_model_dir):
     env = {"env_vars": {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}}
     actor = start_learner_actor(cfg, tiny_model_dir, actor_options={"num_cpus": 1, "runtime_env": env})
     assert ray.get(actor.devices.remote(), timeout=300) == ["cpu:2", "cpu:3"]
-    metrics = ray.get(actor.step.remote(toy_batch(0)), timeout=300)
+    learner = LearnerHandle(actor)
+    metrics = {**learner.forward_backward(toy_batch(0), "grpo").result(), **learner.optim_step().result()}
     assert np.isfinite(metrics["learner/loss"]) and metrics["learner/grad_norm"] > 0
     tensors, config = ray.get(actor.lora_tensors.remote(), timeout=60)
     assert config["r"] == 16 and len(tensors) == 2 * 7 * 2  # A and B, 7 projections, 2 layers

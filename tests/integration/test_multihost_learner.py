@@ -19,6 +19,7 @@ import ray
 
 from learner.config import LearnerConfig
 from learner.group import LearnerGroup, start_learner
+from learner.handle import LearnerHandle
 from learner.learner import Learner
 from test_learner_checkpoint import toy_batch
 
@@ -55,7 +56,8 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
     try:
         devices = ray.get(group.devices.remote(), timeout=300)
         assert len(devices) == 4, f"the 2-process mesh should span 4 devices, got {devices}"
-        got = [ray.get(group.step.remote(toy_batch(s)), timeout=300) for s in (0, 1)]
+        learner = LearnerHandle(group)
+        got = [{**learner.forward_backward(toy_batch(s)).result(), **learner.optim_step().result()} for s in (0, 1)]
         lora, config = ray.get(group.lora_tensors.remote(), timeout=120)
         for r, g in zip(ref, got):
             for key in ("learner/loss", "learner/grad_norm", "learner/kl", "learner/entropy"):
@@ -69,7 +71,8 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
 
         # Orbax across processes: save, take another step, restore -> the saved weights and step come back.
         ray.get(group.save.remote(2, {"data": {"pos": 7}}), timeout=120)
-        ray.get(group.step.remote(toy_batch(2)), timeout=300)
+        learner.forward_backward(toy_batch(2)).result()
+        learner.optim_step().result()
         step, extra = ray.get(group.restore.remote(), timeout=120)
         restored = ray.get(group.lora_tensors.remote(), timeout=120)[0]
         assert (step, extra) == (2, {"data": {"pos": 7}})

@@ -29,7 +29,8 @@ from learner import train_step as ts
 from learner.batch import TrainBatch
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
-from tasks.episodes import EpisodeSample, Group, Limits, play
+from common.sampling import Completion
+from tasks.episodes import Group, Limits, play
 from common.sampling import SamplingParams
 from tasks.config import DataConfig
 from tasks.environments.base import ModelTurn
@@ -95,7 +96,7 @@ def step_from(learner: Learner, params, batch: TrainBatch) -> tuple[dict, dict]:
         learner.params, learner.opt_state = kept, opt_state
 
 
-def segments(s: EpisodeSample) -> list[tuple[bool, list[int]]]:
+def segments(s: Completion) -> list[tuple[bool, list[int]]]:
     """An episode's tokens as runs of (sampled by the model?, ids)."""
     out: list[tuple[bool, list[int]]] = []
     for token, m in zip(s.token_ids, s.mask):
@@ -115,12 +116,12 @@ def test_episodes_interleave_sampled_and_environment_tokens_within_limits(groups
     samples = [(g, s) for g in groups for s in g.samples]
     retokenised_differ = 0
     for group, s in samples:
-        assert isinstance(s, EpisodeSample)
+        assert isinstance(s, Completion) and s.episode is not None and s.mask is not None
         assert len(s.token_ids) == len(s.logprobs) == len(s.mask) <= LIMITS.max_episode_tokens
-        assert s.turns <= LIMITS.max_turns and s.end in ("done", "max_turns", "max_tokens"), s.end
+        assert s.episode.turns <= LIMITS.max_turns and s.episode.end in ("done", "max_turns", "max_tokens"), s.episode.end
         runs = segments(s)
         assert [m for m, _ in runs] == [i % 2 == 0 for i in range(len(runs))], "a turn must follow every reply"
-        assert sum(m for m, _ in runs) == s.turns
+        assert sum(m for m, _ in runs) == s.episode.turns
         for model, ids in runs:
             if not model:  # exactly the chat template's glue around one of the game's replies
                 assert REPLY.match(tok.decode(ids)), tok.decode(ids)
@@ -128,7 +129,7 @@ def test_episodes_interleave_sampled_and_environment_tokens_within_limits(groups
         assert all(lp < 0.0 for lp, m in zip(s.logprobs, s.mask) if m)
         conversation = tok.decode(group.prompt_ids + s.token_ids)
         retokenised_differ += tok.encode(conversation, add_special_tokens=False) != group.prompt_ids + s.token_ids
-    multi = sum(s.turns >= 2 for _, s in samples)
+    multi = sum(s.episode.turns >= 2 for _, s in samples)
     assert multi >= len(samples) // 2, f"only {multi} of {len(samples)} episodes reached a second turn: vacuous"
     print(f"\n{multi} of {len(samples)} episodes multi-turn; re-tokenising the decoded episode changes "
           f"{retokenised_differ} of {len(samples)} token sequences")
@@ -148,7 +149,7 @@ def test_learner_matches_the_engine_on_model_tokens_only(groups, learner):
     assert base_diff >= VACUITY_FLOOR, f"without the adapter the gap is only {base_diff:.2e}: vacuous"
 
 
-def split_turns(prompt: list[int], s: EpisodeSample) -> list[tuple[list[int], list[int], list[float]]]:
+def split_turns(prompt: list[int], s: Completion) -> list[tuple[list[int], list[int], list[float]]]:
     """Each model turn of an episode as a single-turn row: (everything before it, its tokens, its logprobs)."""
     rows, start = [], None
     for i, m in enumerate([*s.mask, 0]):
@@ -202,9 +203,9 @@ def test_a_verifiers_environment_runs_through_the_adapter(rollout, renderer, lea
     assert (won, cut) == (1.0, 0.0), (won, cut)
     groups = play(rollout, renderer, env, rows, PARAMS, LIMITS, seeds=[5, 6])
     samples = [s for g in groups for s in g.samples]
-    assert all(s.error is None and (s.turns >= 2 or s.end == "done") for s in samples), samples[0]
+    assert all(s.episode.error is None and (s.episode.turns >= 2 or s.episode.end == "done") for s in samples), samples[0]
     assert any(0 < sum(s.mask) < len(s.mask) for s in samples), "no episode got a reply: vacuous"
-    replies = {m["content"] for s in samples for m in s.transcript if m["role"] == "user"}
+    replies = {m["content"] for s in samples for m in s.episode.transcript if m["role"] == "user"}
     assert replies <= {"Higher.", "Lower.", "Reply with one number from 1 to 16."}, replies
     metrics, _ = step_from(learner, learner.params, TrainBatch(
         [g.prompt_ids for g in groups for _ in g.samples], [s.token_ids for s in samples],

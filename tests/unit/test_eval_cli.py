@@ -11,7 +11,8 @@ import pytest
 from orchestration.cli import eval as eval_cli
 from orchestration.config.errors import ConfigError
 from tasks import DataConfig, setup_dataset
-from tasks.heldout import PolicyScores, eval_prompts, eval_sampling
+from orchestration.evaluation import PolicyScores
+from tasks.heldout import eval_prompts, eval_sampling
 from common.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,6 @@ def test_report_table_and_plot(tmp_path):
 
 
 def eval_cli_plot(report, path):
-    from orchestration.plots import write_eval_plot
+    from orchestration.report.plots import write_eval_plot
 
     return write_eval_plot(report, path)

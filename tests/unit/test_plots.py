@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestration.plots import write_plots
+from orchestration.report.plots import write_plots
 
 
 def _rows(with_eval: bool) -> list[dict]:

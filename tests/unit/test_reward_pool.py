@@ -106,7 +106,7 @@ def test_a_plain_text_batch_gets_trls_arguments_in_a_worker_process(workdir) -> 
     assert first["completion_ids"] == [[0, 1], [1, 2]]
     assert first["answer"] == ["0", "1"] and first["level"] == [0, 1], "columns arrive as keyword lists"
     assert first["state"] == [4, 10] and first["log_metric"] and first["log_extra"]
-    assert result.metrics == {"record/calls": 1.0} and result.errors == []
+    assert result.logged_means == {"record/calls": 1.0} and result.errors == []
 
 
 def test_a_conversational_batch_gets_message_lists_and_none_is_left_out(workdir) -> None:

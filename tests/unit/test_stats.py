@@ -1,4 +1,4 @@
-"""Interval math of orchestration/stats.py against published values and defining properties (no scipy)."""
+"""Interval math of orchestration/report/stats.py against published values and defining properties (no scipy)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestration import stats
+from orchestration.report import stats
 
 # Wilson 95% intervals as tabulated elsewhere (statsmodels proportion_confint(method="wilson") gives the same).
 WILSON_REFERENCE = {(0, 10): (0.0, 0.27753), (5, 10): (0.23659, 0.76341), (10, 10): (0.72247, 1.0),

@@ -1,0 +1,113 @@
+"""`LearnerHandle`: the learner as the driver sees it, with plain methods and one error of its own.
+
+The primitives are the Tinker API's, so the GRPO loop and a training service drive the same learner code:
+`forward_backward(batch, loss)` adds a loss's gradient, `optim_step()` applies it, `save_for_sampler()` gives the
+adapter the engines load next; `save` / `restore` / `export` keep and hand out the LoRA. Behind the handle is one
+LearnerActor or, with `learner.hosts > 1`, a group of them (learner/group.py); the caller cannot tell. Calls that
+take long (an update, a save) return a `Pending` at once, so the loop can generate while the learner works; actor
+calls run in the order they were made, so an optim_step submitted after a forward_backward applies its gradient.
+
+A dead learner process (or a lost member of a group) becomes one `LearnerDied` line naming what it was doing,
+as the rollout handle turns a dead engine into a restart: nothing above this module imports Ray for the learner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import ray
+
+from learner.config import LearnerConfig
+from learner.group import LearnerGroup, LearnerProcessLost, start_learner
+
+T = TypeVar("T")
+
+
+class LearnerDied(RuntimeError):
+    """The learner is gone: nothing more can be learned or saved by this handle (resume from the checkpoint)."""
+
+
+class Pending(Generic[T]):
+    """A learner call in flight: `result()` waits for it (a dead learner raises `LearnerDied`)."""
+
+    def __init__(self, ref: Any, what: str, then: Callable[[Any], T] | None = None):
+        self._ref, self.what, self._then = ref, what, then
+
+    def result(self) -> T:
+        value = learner_get(self._ref, self.what)
+        return self._then(value) if self._then is not None else value
+
+
+def learner_get(ref: Any, what: str) -> Any:
+    """ray.get of a learner call; a dead learner actor becomes one `LearnerDied` line instead of Ray's report."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        cause = str(exc).strip().splitlines()[0][:200]
+        raise LearnerDied(f"the learner actor died during {what} ({cause})") from None
+    except LearnerProcessLost as exc:  # learner.hosts > 1: Ray re-raises the group's error as this type
+        cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
+        raise LearnerDied(f"a learner process died during {what} ({cause})") from None
+
+
+class LearnerHandle:
+    """Plain methods over the learner's actor (or group of actors)."""
+
+    def __init__(self, actor: Any):
+        self._actor = actor
+
+    @classmethod
+    def start(cls, cfg: LearnerConfig, model_path: Path, checkpoint_dir: str | None = None,
+              actor_options: dict[str, Any] | None = None, placement: Any = None,
+              process_env: list[dict[str, str]] | None = None) -> LearnerHandle:
+        """Start the learner's process(es) (see learner/group.py `start_learner`); returns at once, the model
+        loads in the background and the first call waits for it."""
+        return cls(start_learner(cfg, model_path, checkpoint_dir, actor_options, placement, process_env))
+
+    @property
+    def actors(self) -> list:
+        """The Ray actors behind the handle (for fault tests and placement reports)."""
+        return list(self._actor.actors) if isinstance(self._actor, LearnerGroup) else [self._actor]
+
+    # ---- the update primitives --------------------------------------------------------------------------
+    def forward_backward(self, batch: Any, loss: str = "grpo") -> Pending[dict[str, float]]:
+        """Add the gradient of `loss` on `batch` (learner/learner.py); its `learner/...` metrics when done."""
+        return Pending(self._actor.forward_backward.remote(batch, loss), f"the forward_backward ({loss})")
+
+    def optim_step(self) -> Pending[dict[str, float]]:
+        """Apply the gradient held by the learner (after every forward_backward submitted before it)."""
+        return Pending(self._actor.optim_step.remote(), "the optimizer step")
+
+    def save_for_sampler(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The current LoRA as PEFT tensors and adapter_config: what the engines load as the next version."""
+        return learner_get(self._actor.lora_tensors.remote(), "the LoRA export")
+
+    # ---- checkpoints and export ---------------------------------------------------------------------------
+    def save(self, step: int, extra: dict | None = None) -> Pending[None]:
+        """Checkpoint the LoRA, optimizer state and RNG with `step` and `extra` (JSON-able)."""
+        return Pending(self._actor.save.remote(step, extra), f"the checkpoint of step {step}")
+
+    def restore(self) -> tuple[int, dict]:
+        """The latest checkpoint restored: (step, extra), (0, {}) when there is none."""
+        return learner_get(self._actor.restore.remote(), "the checkpoint restore")
+
+    def export(self, out_dir: str | Path) -> str:
+        """The LoRA as a PEFT folder at `out_dir` (a local path or a storage URI); returns where it went."""
+        return learner_get(self._actor.export_lora.remote(str(out_dir)), "the adapter export")
+
+    def node(self) -> str:
+        """Where process 0 runs: "IP (hostname)"."""
+        return learner_get(self._actor.node.remote(), "start")
+
+    def devices(self) -> list[str]:
+        return learner_get(self._actor.devices.remote(), "start")
+
+    def kill(self) -> None:
+        """Stop every learner process; idempotent."""
+        if isinstance(self._actor, LearnerGroup):
+            self._actor.kill()
+        else:
+            ray.kill(self._actor, no_restart=True)
