@@ -8,7 +8,10 @@ points the other two clients at the same endpoint, so a real bucket and a test's
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 EMULATOR = "STORAGE_EMULATOR_HOST"
@@ -90,7 +93,9 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a file; a local one's folders are made, as an object store needs none."""
     if not is_uri(path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)
         return
     fs, inner = filesystem(str(path))
@@ -131,3 +136,25 @@ def download(src: str, local: Path) -> bool:
         target.parent.mkdir(parents=True, exist_ok=True)
         fs.get_file(obj, str(target))
     return True
+
+
+def write_folder(dest: str | os.PathLike, write: Callable[[Path], Path]) -> str:
+    """`write(folder)` straight into a local `dest`, or into a temporary folder then uploaded to a URI `dest`;
+    returns `dest`."""
+    if not is_uri(dest):
+        return str(write(Path(dest)))
+    with tempfile.TemporaryDirectory(prefix="aha-upload-") as tmp:
+        upload(write(Path(tmp) / "out"), str(dest))
+    return str(dest)
+
+
+@contextlib.contextmanager
+def local_folder(src: str | os.PathLike) -> Iterator[Path]:
+    """A local folder with `src`'s files: `src` itself when local, else a temporary download of the URI."""
+    if not is_uri(src):
+        yield Path(src)
+        return
+    with tempfile.TemporaryDirectory(prefix="aha-download-") as tmp:
+        download(str(src), Path(tmp) / "in")
+        yield Path(tmp) / "in"
+

@@ -59,26 +59,39 @@ class LearnerWorker:
         initialize(coordinator, num_processes, process_id)
         self._build()
 
-    def forward_backward(self, batch, loss: str = "grpo") -> dict[str, float]:
-        return self.learner.forward_backward(batch, loss)
+    def forward_backward(self, batch, loss: str = "grpo", adapter: str = "policy", config: dict | None = None,
+                         forward_only: bool = False) -> dict:
+        return self.learner.forward_backward(batch, loss, adapter, config, forward_only)
 
-    def optim_step(self) -> dict[str, float]:
-        return self.learner.optim_step()
+    def optim_step(self, adapter: str = "policy", adam=None) -> dict[str, float]:
+        return self.learner.optim_step(adapter, adam)
 
-    def lora_tensors(self) -> tuple[dict, dict] | None:
+    def lora_tensors(self, adapter: str = "policy") -> tuple[dict, dict] | None:
         """The PEFT tensors from process 0; None from the others (they only take part in the gather)."""
         from learner.distributed import is_primary
 
-        out = self.learner.lora_tensors()
+        out = self.learner.lora_tensors(adapter)
         return out if is_primary() else None
 
-    def export_lora(self, out_dir: str) -> str:
+    def export_lora(self, out_dir: str, adapter: str = "policy") -> str:
         from learner.distributed import is_primary
 
         if not is_primary():  # the gather is collective; one process writes
-            self.learner.lora_tensors()
+            self.learner.lora_tensors(adapter)
             return str(out_dir)
-        return self.learner.export_lora(out_dir)
+        return self.learner.export_lora(out_dir, adapter)
+
+    def add_adapter(self, name: str, lora, seed: int = 0) -> None:
+        self.learner.add_adapter(name, lora, seed)
+
+    def drop_adapter(self, name: str) -> None:
+        self.learner.drop_adapter(name)
+
+    def save_adapter(self, name: str, directory: str) -> None:
+        self.learner.save_adapter(name, directory)
+
+    def load_adapter(self, name: str, directory: str, optimizer: bool = True):
+        return self.learner.load_adapter(name, directory, optimizer)
 
     def save(self, step: int, extra: dict | None = None) -> None:
         self.learner.save(step, extra)

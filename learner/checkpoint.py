@@ -85,9 +85,13 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._mgr.latest_step()
 
+    def meta(self, step: int) -> dict:
+        """The JSON item of checkpoint `step` (what `save` was given as meta, plus the LoRA leaf shapes)."""
+        return self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
     def restore(self, step: int, abstract_lora: dict, abstract_opt: Any, lora_cfg: dict) -> tuple[dict, Any, dict]:
         """(lora, opt_state, meta) of `step`, after checking the checkpoint fits the current LoRA config."""
-        meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        meta = self.meta(step)
         check_fits(meta["lora_shapes"], leaf_shapes(abstract_lora), meta.get("lora", {}), lora_cfg)
         restored = self._mgr.restore(
             step,
@@ -99,3 +103,9 @@ class Checkpointer:
 
     def close(self) -> None:
         self._mgr.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -32,7 +32,8 @@ from learner.config import LearnerConfig
 log = logging.getLogger(__name__)
 
 DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
-METHODS = ("forward_backward", "optim_step", "lora_tensors", "export_lora", "save", "restore", "devices", "node")
+METHODS = ("forward_backward", "optim_step", "lora_tensors", "export_lora", "save", "restore", "devices", "node",
+           "add_adapter", "drop_adapter", "save_adapter", "load_adapter")
 
 
 class LearnerProcessLost(RuntimeError):

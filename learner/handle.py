@@ -20,7 +20,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import ray
 
-from learner.config import LearnerConfig
+from learner.adapters import POLICY, AdamParams
+from learner.config import LearnerConfig, LoraConfig
 from learner.group import LearnerGroup, LearnerProcessLost, start_learner
 
 T = TypeVar("T")
@@ -51,6 +52,10 @@ def learner_get(ref: Any, what: str) -> Any:
     except LearnerProcessLost as exc:  # learner.hosts > 1: Ray re-raises the group's error as this type
         cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
         raise LearnerDied(f"a learner process died during {what} ({cause})") from None
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ValueError):  # the learner refused the call's input: its one line, not Ray's trace
+            raise ValueError(str(exc.cause)) from None
+        raise
 
 
 class LearnerHandle:
@@ -72,18 +77,39 @@ class LearnerHandle:
         """The Ray actors behind the handle (for fault tests and placement reports)."""
         return list(self._actor.actors) if isinstance(self._actor, LearnerGroup) else [self._actor]
 
-    # ---- the update primitives --------------------------------------------------------------------------
-    def forward_backward(self, batch: Any, loss: str = "grpo") -> Pending[dict[str, float]]:
-        """Add the gradient of `loss` on `batch` (learner/learner.py); its `learner/...` metrics when done."""
-        return Pending(self._actor.forward_backward.remote(batch, loss), f"the forward_backward ({loss})")
+    # ---- the update primitives (`adapter`: which LoRA; the learner's own, POLICY, unless a service added more) --
+    def forward_backward(self, batch: Any, loss: str = "grpo", adapter: str = POLICY,
+                         config: dict[str, float] | None = None) -> Pending[dict[str, Any]]:
+        """Add the gradient of `loss` on `batch` (learner/learner.py); its metrics (and, for a token loss, the
+        datums' logprobs) when done."""
+        return Pending(self._actor.forward_backward.remote(batch, loss, adapter, config),
+                       f"the forward_backward ({loss})")
 
-    def optim_step(self) -> Pending[dict[str, float]]:
-        """Apply the gradient held by the learner (after every forward_backward submitted before it)."""
-        return Pending(self._actor.optim_step.remote(), "the optimizer step")
+    def forward(self, batch: Any, loss: str, adapter: str = POLICY,
+                config: dict[str, float] | None = None) -> Pending[dict[str, Any]]:
+        """forward_backward without the gradient: the loss and the datums' logprobs."""
+        return Pending(self._actor.forward_backward.remote(batch, loss, adapter, config, True), f"the forward ({loss})")
 
-    def save_for_sampler(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The current LoRA as PEFT tensors and adapter_config: what the engines load as the next version."""
-        return learner_get(self._actor.lora_tensors.remote(), "the LoRA export")
+    def optim_step(self, adapter: str = POLICY, adam: AdamParams | None = None) -> Pending[dict[str, float]]:
+        """Apply the gradient held for `adapter` (after every forward_backward submitted before it)."""
+        return Pending(self._actor.optim_step.remote(adapter, adam), "the optimizer step")
+
+    def save_for_sampler(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The LoRA as PEFT tensors and adapter_config: what the engines load as its next version."""
+        return learner_get(self._actor.lora_tensors.remote(adapter), "the LoRA export")
+
+    # ---- adapters a training service adds ---------------------------------------------------------------
+    def add_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> Pending[None]:
+        return Pending(self._actor.add_adapter.remote(name, lora, seed), f"adding adapter {name}")
+
+    def drop_adapter(self, name: str) -> Pending[None]:
+        return Pending(self._actor.drop_adapter.remote(name), f"dropping adapter {name}")
+
+    def save_adapter(self, name: str, directory: str) -> Pending[None]:
+        return Pending(self._actor.save_adapter.remote(name, directory), f"saving adapter {name}")
+
+    def load_adapter(self, name: str, directory: str, optimizer: bool = True) -> Pending[LoraConfig]:
+        return Pending(self._actor.load_adapter.remote(name, directory, optimizer), f"loading adapter {name}")
 
     # ---- checkpoints and export ---------------------------------------------------------------------------
     def save(self, step: int, extra: dict | None = None) -> Pending[None]:
@@ -94,9 +120,9 @@ class LearnerHandle:
         """The latest checkpoint restored: (step, extra), (0, {}) when there is none."""
         return learner_get(self._actor.restore.remote(), "the checkpoint restore")
 
-    def export(self, out_dir: str | Path) -> str:
+    def export(self, out_dir: str | Path, adapter: str = POLICY) -> str:
         """The LoRA as a PEFT folder at `out_dir` (a local path or a storage URI); returns where it went."""
-        return learner_get(self._actor.export_lora.remote(str(out_dir)), "the adapter export")
+        return learner_get(self._actor.export_lora.remote(str(out_dir), adapter), "the adapter export")
 
     def node(self) -> str:
         """Where process 0 runs: "IP (hostname)"."""

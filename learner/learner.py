@@ -1,8 +1,11 @@
-"""Learner: owns the policy (Tunix NNX model + Qwix LoRA) on its mesh and updates the LoRA.
+"""Learner: owns the base model (Tunix NNX) on its mesh and the LoRA adapters on it, and updates them.
 
 Its primitives are the Tinker API's: `forward_backward(batch, loss)` computes the loss's gradient and adds it to
-the gradient held here, `optim_step()` applies that gradient with AdamW and clears it, `lora_tensors()` gives the
-adapter the engines load next (save-for-sampler). A GRPO step is forward_backward(batch, "grpo") + optim_step().
+the gradient held for that adapter, `optim_step()` applies that gradient with AdamW and clears it,
+`lora_tensors()` gives the adapter the engines load next (save-for-sampler). A GRPO step is
+forward_backward(batch, "grpo") + optim_step() on the learner's own adapter (`POLICY`); a training service adds an
+adapter per client (learner/adapters.py) and trains it with the token losses (learner/token_losses.py) through the
+same model, logprob and update code.
 
 forward_backward(batch, "grpo"):
 1. group-relative advantages from the rewards;
@@ -18,9 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from learner import train_step as ts
+from learner.adapters import POLICY, AdamParams, Adapter, OpenUpdate, init_opt_state, new_adapter, split_lora
 from learner.batch import PackedBatch, TrainBatch, pack, slice_rows
 from learner.checkpoint import Checkpointer
-from learner.config import LearnerConfig
+from learner.config import LearnerConfig, LoraConfig
 from learner.distributed import put_global, to_host, tree_to_host
 from learner.lora import adapter_config, apply_lora, peft_tensors
 from learner.loss import LossOptions, constant_reward_groups, grpo_advantages, token_weights
@@ -41,20 +43,12 @@ from learner.mesh import learner_mesh
 from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
+from learner.token_batch import TokenBatch
+from learner.token_step import token_forward_backward
 from common.peft_adapter import write_adapter
-from common.storage import is_uri, upload
+from common.storage import write_folder
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OpenUpdate:
-    """An update forward_backward opened and optim_step closes: when it began, the grad norms of the updates
-    already applied (several per GRPO batch with epochs or mini-batches), how many updates it makes in all."""
-
-    t0: float
-    norms: list[float]
-    updates: int
 
 
 class Learner:
@@ -64,28 +58,18 @@ class Learner:
         self.cfg = cfg
         self.model_path = Path(model_path)
         self.mesh = learner_mesh(cfg.devices, cfg.mesh)
+        self._hf = read_hf_config(self.model_path)
         with jax.set_mesh(self.mesh):
             model, self.family = load_model(self.model_path, self.mesh, cfg.param_dtype, cfg.remat)
+            self._base_graph = nnx.split(model)  # every further adapter is a LoRA on this (learner/adapters.py)
             model = apply_lora(model, cfg.lora, cfg.seed)
-        graphdef, lora_state, base = nnx.split(model, nnx.LoRAParam, ...)
-        template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), lora_state)
-        self._hf = read_hf_config(self.model_path)
-        self._parts = ts.ModelParts(graphdef, template, base, self._hf)
-        self.params: dict = lora_state.to_pure_dict()
-        self._tx = ts.make_optimizer(cfg.optimizer)
-        # Scalars (Adam's step count) would land on the default device 0: pin every leaf to the learner's mesh.
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        mesh_devices = set(self.mesh.devices.flat)
-        self.opt_state = jax.tree.map(
-            lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, replicated),
-            jax.jit(self._tx.init)(self.params))
-        self._apply = ts.make_apply_fn(self._tx)
-        self._fns: dict[tuple, Any] = {}  # compiled step pieces per (sampling, off_policy)
+        parts, params = split_lora(model, self._hf)
+        tx = ts.make_optimizer(cfg.optimizer)
+        self.adapters: dict[str, Adapter] = {
+            POLICY: Adapter(cfg.lora, parts, params, init_opt_state(tx, params, self.mesh), tx, per_step_adam=False)}
         self._layout: Layout | None = None  # this step's prompt-sharing block sizes (None: plain rows)
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
-        self._grads: dict | None = None  # gradient added by forward_backward, applied and cleared by optim_step
-        self._open: OpenUpdate | None = None  # what optim_step reports of the update forward_backward opened
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
         self._opts = LossOptions.of(cfg.grpo)
         batch_axis = "fsdp" if self.mesh.shape["fsdp"] > 1 else None
@@ -94,14 +78,43 @@ class Learner:
         log.info("learner: %s on %s, mesh %s", self.family, [str(d) for d in self.mesh.devices.flat],
                  dict(self.mesh.shape))
 
-    # ---- the update primitives ----------------------------------------------------------------------------
-    def forward_backward(self, batch: TrainBatch, loss: str = "grpo") -> dict[str, float]:
-        """Add the gradient of `loss` on `batch` to the held gradient; returns the loss's `learner/...` metrics.
+    # The policy adapter's state, as GRPO, its checkpoints and tests read it.
+    @property
+    def params(self) -> dict:
+        return self.adapters[POLICY].params
 
-        "grpo": the GRPO objective on a batch of groups (see the module docstring for what it does with several
-        updates per batch). The gradient waits for `optim_step`."""
+    @params.setter
+    def params(self, value: dict) -> None:
+        self.adapters[POLICY].params = value
+
+    @property
+    def opt_state(self) -> Any:
+        return self.adapters[POLICY].opt_state
+
+    @opt_state.setter
+    def opt_state(self, value: Any) -> None:
+        self.adapters[POLICY].opt_state = value
+
+    @property
+    def _parts(self) -> ts.ModelParts:
+        return self.adapters[POLICY].parts
+
+    # ---- the update primitives ----------------------------------------------------------------------------
+    def forward_backward(self, batch: TrainBatch | TokenBatch, loss: str = "grpo", adapter: str = POLICY,
+                         config: dict[str, float] | None = None, forward_only: bool = False) -> dict[str, Any]:
+        """Add the gradient of `loss` on `batch` to `adapter`'s held gradient (none with `forward_only`).
+
+        "grpo": the GRPO objective on a TrainBatch of groups, for the policy adapter (see the module docstring for
+        what it does with several updates per batch); returns `learner/...` metrics. A token loss
+        (learner/token_losses.py, `config` its settings) on a TokenBatch: returns {"loss": summed loss,
+        "logprobs": each datum's target logprobs before the update}. The gradient waits for `optim_step`."""
         if loss != "grpo":
-            raise ValueError(f"loss {loss!r}: the learner's GRPO path takes 'grpo'")
+            if not isinstance(batch, TokenBatch):
+                raise ValueError(f"loss {loss!r} reads a TokenBatch (per-token inputs), not a {type(batch).__name__}")
+            return token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config, forward_only,
+                                          self._batch_sharding)
+        if adapter != POLICY or not isinstance(batch, TrainBatch) or forward_only:
+            raise ValueError("loss 'grpo' trains the policy adapter on a TrainBatch of groups (with a gradient)")
         t0 = time.perf_counter()
         g = self.cfg.grpo
         adv = grpo_advantages(batch.rewards, batch.group_ids, g.std_normalize)
@@ -124,20 +137,26 @@ class Learner:
             losses.append(self._accumulate(accumulate, packed, old, slice(lo, lo + mini), micro, totals))
             if k < len(updates) - 1:
                 norms.append(self._apply_grads())
-        self._open = OpenUpdate(t0, norms, len(updates))
+        self.adapters[POLICY].open = OpenUpdate(t0, norms, len(updates))
         out = self._metrics(totals, losses, adv)
         out["learner/completion_tokens"] = float(packed.loss_mask.sum())
         out["learner/zero_adv_frac"] = zero_adv_frac
         out["learner/trained_samples"] = float(len(batch))
         return out
 
-    def optim_step(self) -> dict[str, float]:
-        """Apply the held gradient (AdamW on the LoRA weights) and clear it; returns `learner/grad_norm`,
-        `learner/updates` and `learner/step_s` (from the forward_backward that opened the update)."""
-        if self._grads is None:
-            raise ValueError("optim_step: no gradient is held; call forward_backward first")
-        opened, self._open = self._open, None
-        norms = [*opened.norms, self._apply_grads()]
+    def optim_step(self, adapter: str = POLICY, adam: AdamParams | None = None) -> dict[str, float]:
+        """Apply `adapter`'s held gradient (AdamW on its LoRA weights) and clear it; returns `learner/grad_norm`,
+        `learner/updates` and `learner/step_s` (from the forward_backward that opened the update). `adam`: the
+        update's AdamW numbers for an adapter a service added; the policy's are the run config's."""
+        a = self._adapter(adapter)
+        if a.grads is None:
+            raise ValueError(f"optim_step: adapter {adapter!r} holds no gradient; call forward_backward first")
+        if a.per_step_adam:
+            a.opt_state = ts.with_adam(a.opt_state, adam or AdamParams())
+        elif adam is not None:
+            raise ValueError("the policy adapter's AdamW numbers are the run config's learner.optimizer")
+        opened, a.open = a.open or OpenUpdate(time.perf_counter(), [], 1), None
+        norms = [*opened.norms, self._apply_grads(a)]
         return {"learner/grad_norm": float(np.mean(norms)), "learner/updates": float(opened.updates),
                 "learner/step_s": time.perf_counter() - opened.t0}
 
@@ -165,14 +184,14 @@ class Learner:
         return micro, mini, math.ceil(n / mini) * mini
 
     def _compiled(self, sampling: SamplingTransform, off_policy: bool):
-        key = (sampling, off_policy)
-        if key not in self._fns:
+        key, fns = (sampling, off_policy), self.adapters[POLICY].fns
+        if key not in fns:
             raw, chunk = self.cfg.grpo.engine_logprobs == "raw", self.cfg.logprob_chunk
-            self._fns[key] = (
+            fns[key] = (
                 ts.make_logprob_fn(self._parts, sampling, raw, chunk),
                 ts.make_accumulate_fn(self._parts, sampling, self._opts, raw, off_policy, chunk),
             )
-        return self._fns[key]
+        return fns[key]
 
     def _put(self, packed: PackedBatch, rows: slice, weights: np.ndarray) -> ts.MicroBatch:
         p = slice_rows(packed, rows)
@@ -197,7 +216,8 @@ class Learner:
     def _accumulate(self, accumulate, packed, old, rows: slice, micro: int, totals: dict) -> float:
         """Add the gradient of one mini-batch (over its micro-batches) to the held gradient; returns its loss."""
         weights = token_weights(packed.loss_mask[rows], self.cfg.grpo.loss_agg, self.cfg.grpo.norm_tokens)
-        acc = self._grads if self._grads is not None else jax.tree.map(jnp.zeros_like, self.params)
+        policy = self.adapters[POLICY]
+        acc = policy.grads if policy.grads is not None else jax.tree.map(jnp.zeros_like, self.params)
         loss = 0.0
         for lo in range(0, rows.stop - rows.start, micro):
             r = slice(rows.start + lo, rows.start + lo + micro)
@@ -208,14 +228,21 @@ class Learner:
             loss += float(mb_loss)
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
-        self._grads = acc
+        policy.grads = acc
         return loss
 
-    def _apply_grads(self) -> float:
-        """One AdamW update with the held gradient, which is then cleared; returns its pre-clip norm."""
-        grads, self._grads = self._grads, None
-        self.params, self.opt_state, norm = self._apply(self.params, self.opt_state, grads)
+    def _apply_grads(self, a: Adapter | None = None) -> float:
+        """One AdamW update of adapter `a` (the policy) with its held gradient, which is then cleared; returns the
+        gradient's pre-clip norm."""
+        a = a or self.adapters[POLICY]
+        grads, a.grads = a.grads, None
+        a.params, a.opt_state, norm = a.apply(a.params, a.opt_state, grads)
         return float(norm)
+
+    def _adapter(self, name: str) -> Adapter:
+        if name not in self.adapters:
+            raise ValueError(f"no adapter {name!r} on this learner (it has {sorted(self.adapters)})")
+        return self.adapters[name]
 
     @staticmethod
     def _metrics(totals: dict, losses: list, adv: np.ndarray) -> dict[str, float]:
@@ -246,17 +273,56 @@ class Learner:
         return np.asarray(self._logits_fn(self.params, self._parts.base, tokens, valid))
 
     # ---- adapter out ---------------------------------------------------------------------------------------
-    def lora_tensors(self) -> tuple[dict[str, np.ndarray], dict]:
-        """LoRA weights as numpy arrays with PEFT names ([r, in] / [out, r]) and the adapter_config dict."""
+    def lora_tensors(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict]:
+        """An adapter's LoRA weights as numpy arrays with PEFT names ([r, in] / [out, r]) and its adapter_config."""
+        a = self._adapter(adapter)
         # The weights are sharded over the mesh, which may span processes: gathering them is then a collective.
-        tensors = peft_tensors(tree_to_host(self.params), self.cfg.lora.rank)
-        return tensors, adapter_config(self.cfg.lora, str(self.model_path))
+        tensors = peft_tensors(tree_to_host(a.params), a.lora.rank)
+        return tensors, adapter_config(a.lora, str(self.model_path))
 
-    def export_lora(self, out_dir: str | Path) -> str:
+    def export_lora(self, out_dir: str | Path, adapter: str = POLICY) -> str:
         """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load; `out_dir`
         may be a storage URI (gs://...), where every host can read it."""
-        tensors, config = self.lora_tensors()
-        return _write_folder(out_dir, lambda local: write_adapter(local, tensors, config))
+        tensors, config = self.lora_tensors(adapter)
+        return write_folder(out_dir, lambda local: write_adapter(local, tensors, config))
+
+    # ---- the adapters a service adds ------------------------------------------------------------------------
+    def add_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> None:
+        """A new LoRA on the base (B = 0: it starts as the base model), trained with per-step AdamW."""
+        if name in self.adapters:
+            raise ValueError(f"adapter {name!r} exists already")
+        self.adapters[name] = new_adapter(self._base_graph, self._parts, lora, seed, self.mesh)
+        log.info("adapter %s: rank %d alpha %g (%d adapters)", name, lora.rank, lora.alpha, len(self.adapters))
+
+    def drop_adapter(self, name: str) -> None:
+        """Forget an adapter (its weights and optimizer state); the policy stays."""
+        if name == POLICY:
+            raise ValueError("the policy adapter cannot be dropped")
+        self.adapters.pop(name, None)
+
+    def save_adapter(self, name: str, directory: str) -> None:
+        """An adapter's LoRA weights, optimizer state and LoRA config as one Orbax checkpoint in `directory` (a
+        local path or a storage URI); a resume from it is exact."""
+        a = self._adapter(name)
+        with Checkpointer(directory, keep=1) as store:
+            store.save(0, a.params, a.opt_state, {"lora": a.lora.model_dump(mode="json")})
+
+    def load_adapter(self, name: str, directory: str, optimizer: bool = True) -> LoraConfig:
+        """Adapter `name` from a `save_adapter` checkpoint (made with its LoRA config when it does not exist yet);
+        `optimizer`: restore the Adam moments too, else keep them fresh. Returns its LoRA config."""
+        with Checkpointer(directory, keep=1) as store:
+            if store.latest_step() is None:
+                raise ValueError(f"no adapter checkpoint at {directory}")
+            lora = LoraConfig.model_validate(store.meta(0)["lora"])
+            if name not in self.adapters:
+                self.add_adapter(name, lora)
+            a = self.adapters[name]
+            params, opt_state, _ = store.restore(0, _abstract(a.params), _abstract(a.opt_state),
+                                                 a.lora.model_dump(mode="json"))
+        a.params, a.grads, a.open = params, None, None
+        if optimizer:
+            a.opt_state = opt_state
+        return lora
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, step: int, extra: dict | None = None) -> None:
@@ -272,9 +338,8 @@ class Learner:
         if self._checkpointer is None or self._checkpointer.latest_step() is None:
             return 0, {}
         step = self._checkpointer.latest_step()
-        abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
         lora_cfg = self.cfg.lora.model_dump(mode="json")
-        params, opt_state, meta = self._checkpointer.restore(step, abstract(self.params), abstract(self.opt_state),
+        params, opt_state, meta = self._checkpointer.restore(step, _abstract(self.params), _abstract(self.opt_state),
                                                              lora_cfg)
         self.params, self.opt_state = params, opt_state
         self._rng.bit_generator.state = meta["rng"]
@@ -286,13 +351,9 @@ class Learner:
             self._checkpointer.close()
 
 
-def _write_folder(out_dir: str | Path, write) -> str:
-    """`write(local_folder)` straight into a local `out_dir`, or into a temporary folder uploaded to a URI."""
-    if not is_uri(out_dir):
-        return str(write(Path(out_dir)))
-    with tempfile.TemporaryDirectory(prefix="aha-export-") as tmp:
-        upload(write(Path(tmp) / "out"), str(out_dir))
-    return str(out_dir)
+def _abstract(tree: Any) -> Any:
+    """A restore target: each leaf's shape, dtype and sharding."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def _take(batch: TrainBatch, adv: np.ndarray, order: np.ndarray) -> tuple[TrainBatch, np.ndarray]:

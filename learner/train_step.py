@@ -21,9 +21,11 @@ from learner.loss import LossOptions, dense_sampling_logprobs, grpo_token_loss
 from learner.model import forward_hidden, forward_logits, hidden_out
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import SharedPrompts, window_hidden
+from learner.token_losses import token_loss
 
-__all__ = ["ModelParts", "MicroBatch", "merge", "forward_logits", "make_logprob_fn", "make_accumulate_fn",
-           "make_optimizer", "make_apply_fn", "learning_rate"]
+__all__ = ["ModelParts", "MicroBatch", "TokenMicroBatch", "merge", "forward_logits", "make_logprob_fn",
+           "make_accumulate_fn", "make_token_fn", "make_optimizer", "make_adam_optimizer", "with_adam",
+           "make_apply_fn", "learning_rate"]
 
 
 class MicroBatch(NamedTuple):
@@ -38,6 +40,19 @@ class MicroBatch(NamedTuple):
     weights: jax.Array  # aggregation weights (see loss.token_weights)
     window: jax.Array  # int32 [B, W]: the position predicting each completion token (see batch.PackedBatch)
     shared: SharedPrompts | None = None  # the same rows as distinct prompts + completions (learner.share_prompts)
+
+
+class TokenMicroBatch(NamedTuple):
+    """Device arrays of one micro-batch of a TokenBatch ([B, L]; learner/token_batch.py): the same model inputs as
+    a MicroBatch, and the token losses' inputs by name."""
+
+    tokens: jax.Array
+    targets: jax.Array
+    valid: jax.Array
+    loss_mask: jax.Array
+    window: jax.Array
+    inputs: dict[str, jax.Array]
+    shared: None = None  # token batches run every row whole (no prompt sharing)
 
 
 class ModelParts(NamedTuple):
@@ -134,6 +149,30 @@ def make_accumulate_fn(parts: ModelParts, sampling: SamplingTransform, opts: Los
     return jax.jit(fn, donate_argnums=(2,))
 
 
+def make_token_fn(parts: ModelParts, loss: str, config: tuple[tuple[str, float], ...], chunk: int,
+                  forward_only: bool):
+    """jit: a token loss (learner/token_losses.py) on one TokenMicroBatch, under the raw model distribution.
+
+    forward_only: (lora, base, tmb) -> (loss, logp [B, L]); else (lora, base, grad_acc, tmb) -> (grad_acc + grad,
+    loss, logp). The logprobs come from the same `_logprobs` as GRPO's (chunked LM head, fused gradient)."""
+    settings = dict(config)
+
+    def loss_fn(lora, base, tmb):
+        logp, _, _ = _logprobs(parts, lora, base, tmb, SamplingTransform(), False, False, chunk,
+                               fused_grad=not forward_only)
+        return token_loss(loss, logp, tmb.inputs, tmb.loss_mask, settings), logp
+
+    if forward_only:
+        return jax.jit(loss_fn)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def fn(lora, base, acc, tmb):
+        (value, logp), grads = grad_fn(lora, base, tmb)
+        return jax.tree.map(jnp.add, acc, grads), value, logp
+
+    return jax.jit(fn, donate_argnums=(2,))
+
+
 def learning_rate(cfg: OptimizerConfig) -> float | optax.Schedule:
     """The learning rate per optimizer update: linear warm-up from 0, then constant or cosine-decayed."""
     after = cfg.lr if cfg.schedule == "constant" else \
@@ -149,6 +188,27 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     lr = learning_rate(cfg)
     adam = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     return adam if cfg.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
+
+
+def _adamw_clipped(learning_rate, b1, b2, eps, weight_decay, max_norm):
+    return optax.chain(optax.clip_by_global_norm(max_norm),
+                       optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+
+
+def make_adam_optimizer() -> optax.GradientTransformation:
+    """AdamW (torch.optim.AdamW's decoupled weight decay) behind global-norm clipping, whose every number is set per
+    update (`with_adam`): the Tinker API's optim_step carries its AdamParams each time."""
+    return optax.inject_hyperparams(_adamw_clipped)(learning_rate=0.0, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
+                                                    max_norm=jnp.inf)
+
+
+def with_adam(opt_state: Any, adam: Any) -> Any:
+    """`opt_state` of make_adam_optimizer with `adam`'s numbers (learning_rate, beta1, beta2, eps, weight_decay,
+    grad_clip_norm: 0 = no clipping) for the next update."""
+    values = {"learning_rate": adam.learning_rate, "b1": adam.beta1, "b2": adam.beta2, "eps": adam.eps,
+              "weight_decay": adam.weight_decay, "max_norm": adam.grad_clip_norm or jnp.inf}
+    hyper = {k: jax.device_put(jnp.asarray(values[k], v.dtype), v.sharding) for k, v in opt_state.hyperparams.items()}
+    return opt_state._replace(hyperparams=hyper)
 
 
 def make_apply_fn(tx: optax.GradientTransformation):

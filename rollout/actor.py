@@ -51,6 +51,7 @@ class RolloutServer:
         """Ray node address of the driver that dials this server (None: not under Ray, the same host)."""
         self.max_rank = getattr(cfg, "max_lora_rank", None)
         self.current: tuple[int, Path] | None = None  # (version, folder) of the adapter in use
+        self.named: dict[str, Path] = {}  # adapters loaded by name beside it (a training service's samplers)
         atexit.register(self.backend.stop)  # a clean actor exit never leaves the engine running
 
     def start(self) -> str:
@@ -87,6 +88,8 @@ class RolloutServer:
         if self.current is not None:
             version, folder = self.current
             self.backend.load_lora(adapter_name(version), folder)
+        for name, folder in self.named.items():
+            self.backend.load_lora(name, folder)
         return url
 
     def ensure_alive(self) -> str | None:
@@ -121,6 +124,25 @@ class RolloutServer:
         log.info("LoRA v%d loaded (write %.3f s, load %.3f s, unload previous %.3f s)", version, t1 - t0,
                  t2 - t1, t3 - t2)
         return {"write_s": t1 - t0, "load_s": t2 - t1, "unload_s": t3 - t2}
+
+    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
+        """Serve an adapter under `name` beside the policy's versions (a restart re-loads it too)."""
+        if name.startswith(ADAPTER_PREFIX):
+            raise ValueError(f"adapter name {name!r}: names starting {ADAPTER_PREFIX!r} are the policy's versions")
+        rank = adapter_config.get("r")
+        if self.max_rank is not None and rank is not None and rank > self.max_rank:
+            raise ValueError(f"LoRA rank {rank} exceeds rollout.backend.max_lora_rank ({self.max_rank}); raise it")
+        folder = self.workdir / "adapters" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        self.backend.load_lora(name, write_adapter(folder, tensors, adapter_config))
+        self.named[name] = folder
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving `name` and delete its folder (only after the engine has forgotten it: see above)."""
+        folder = self.named.pop(name, None)
+        if folder is not None:
+            self.backend.unload_lora(name)
+            shutil.rmtree(folder, ignore_errors=True)
 
     def node(self) -> str | None:
         """This actor's Ray node address (None outside Ray)."""

@@ -86,6 +86,7 @@ class RolloutFleet:
         self._unpublished: list[str] = []
         self.version: int | None = None
         self._adapter: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None  # the current version's tensors
+        self._named: dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]] = {}  # adapters loaded by name
         self._placement = placement  # a placement group with one bundle per replica, or None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -148,19 +149,20 @@ class RolloutFleet:
     # ---- data plane ------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                 base_model: bool = False) -> list[list[Completion]]:
+                 base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
         """n completions per prompt with the current adapter; groups spread by least outstanding requests.
 
-        `seeds` (one per prompt), `on_sent` (called once, as the first group goes out) and `base_model` are passed
-        on as `Rollout.generate` takes them, so a group draws the same samples whichever replica serves it.
+        `seeds` (one per prompt), `on_sent` (called once, as the first group goes out), `base_model` and `adapter`
+        are passed on as `Rollout.generate` takes them, so a group draws the same samples whichever replica serves
+        it.
         """
         params = params or self.cfg.sampling
         if not prompts:
             raise ValueError("generate() needs a non-empty list of non-empty token-id prompts")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate() got {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
-        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i], base_model)
-                   for i, p in enumerate(prompts)]
+        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i], base_model,
+                                     adapter) for i, p in enumerate(prompts)]
         if on_sent is not None:
             on_sent()
         try:
@@ -169,10 +171,10 @@ class RolloutFleet:
             self._collect_events()
 
     def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None,
-                        base_model: bool = False) -> list[Completion]:
+                        base_model: bool = False, adapter: str | None = None) -> list[Completion]:
         """One group on the least-loaded live replica; on failure, take that replica out and try another."""
         tried: set[int] = set()
-        kwargs = {"base_model": base_model} if seed is None else {"seeds": [seed], "base_model": base_model}
+        kwargs = {"base_model": base_model, "adapter": adapter, **({} if seed is None else {"seeds": [seed]})}
         while True:
             replica = self._acquire(tried)
             t0 = time.perf_counter()
@@ -219,17 +221,34 @@ class RolloutFleet:
         with self._lock:
             self._adapter = (tensors, adapter_config)
             self.version = version
+        self._on_live(f"push of adapter v{version}", lambda r: r.rollout.push_lora(version, tensors, adapter_config))
+        return time.perf_counter() - t0
+
+    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
+        """Serve another adapter under `name` on every live replica (and on every rebuilt one)."""
+        with self._lock:
+            self._named[name] = (tensors, adapter_config)
+        self._on_live(f"load of adapter {name}", lambda r: r.rollout.load_adapter(name, tensors, adapter_config))
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter loaded by name, on every live replica."""
+        with self._lock:
+            self._named.pop(name, None)
+        self._on_live(f"unload of adapter {name}", lambda r: r.rollout.unload_adapter(name))
+
+    def _on_live(self, what: str, call: Callable[[Replica], Any]) -> None:
+        """`call` on every live replica concurrently; a replica that fails it is taken out and rebuilt."""
+        with self._lock:
             live = [r for r in self.replicas if r.live]
-        futures = {self._control.submit(r.rollout.push_lora, version, tensors, adapter_config): r for r in live}
+        futures = {self._control.submit(call, r): r for r in live}
         for future, replica in futures.items():
             err = future.exception()
             if err is not None and not is_replica_failure(err):
                 raise err
             if err is not None:
-                self._take_out(replica, f"push of adapter v{version} failed ({type(err).__name__})")
+                self._take_out(replica, f"{what} failed ({type(err).__name__})")
         if not any(r.live for r in self.replicas):
             self._wait_for_rebuilds()
-        return time.perf_counter() - t0
 
     def _take_out(self, replica: Replica, why: str) -> None:
         """Stop sending work to `replica` and rebuild it in the background (once)."""
@@ -252,6 +271,10 @@ class RolloutFleet:
         with self._lock:
             replica.rollout, replica.seen_events = fresh, 0  # stop() stops it even if its start fails
         fresh.start()
+        with self._lock:
+            named = dict(self._named)
+        for name, (tensors, adapter_config) in named.items():  # loaded before it serves, like the policy's version
+            fresh.load_adapter(name, tensors, adapter_config)
         while True:  # a push may land while this replica is starting: catch up to the newest version
             with self._lock:
                 version, adapter = self.version, self._adapter

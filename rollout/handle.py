@@ -89,18 +89,20 @@ class Rollout:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                 base_model: bool = False) -> list[list[Completion]]:
+                 base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
         """n completions per prompt with the current adapter (default params: cfg.sampling).
 
         `seeds`: one per prompt, so a retried or resumed step draws the same samples. `on_sent`: called once as the
         first request goes out, i.e. with requests in flight (the training loop's fault hook uses it).
         `base_model`: ask the base model, not the adapter (an LLM judge served by the training engine).
+        `adapter`: an adapter loaded by name (`load_adapter`) instead of the policy's current version.
         """
         params = params or self.cfg.sampling
         self._check(prompts, params)
         client = self._require_client()
-        version = None if base_model else self.version
-        lora = None if version is None else adapter_name(version)
+        version = None if base_model or adapter is not None else self.version
+        lora = adapter if adapter is not None and not base_model else (
+            None if version is None else adapter_name(version))
         try:
             return run_sync(client.generate(prompts, params, lora, version, seeds, on_sent))
         except ServerUnavailable:
@@ -150,6 +152,26 @@ class Rollout:
             ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
         self.version = version
         return time.perf_counter() - t0
+
+    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
+        """Serve another adapter under `name` beside the policy's versions (`generate(..., adapter=name)`)."""
+        import ray
+
+        self._require_client()
+        try:
+            ray.get(self.actor.load_adapter.remote(name, tensors, adapter_config))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ValueError):
+                raise ValueError(str(exc.cause)) from None
+            if not self._recover():  # a server that died during the load: restarted with its adapters, then again
+                raise
+            ray.get(self.actor.load_adapter.remote(name, tensors, adapter_config))
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter loaded by name."""
+        import ray
+
+        ray.get(self.actor.unload_adapter.remote(name))
 
     def metrics(self) -> dict[str, float]:
         """Per-replica figures; one server has none beyond the step's own (`RolloutFleet.metrics` has them)."""

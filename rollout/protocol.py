@@ -30,12 +30,20 @@ class RolloutHandle(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                 base_model: bool = False) -> list[list[Completion]]:
-        """n completions per prompt with the current adapter (or the base model)."""
+                 base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
+        """n completions per prompt with the current adapter (or the base model, or an adapter loaded by name)."""
         ...
 
     def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> float:
         """Make LoRA `version` current on every engine; returns the seconds it took."""
+        ...
+
+    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
+        """Serve another adapter under `name` on every engine, beside the policy's versions."""
+        ...
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter loaded by name."""
         ...
 
     def metrics(self) -> dict[str, float]:

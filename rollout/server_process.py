@@ -255,4 +255,6 @@ class ServerProcess:
         extra = {"stop_reason": choice.get("stop_reason")}
         if any(lp.get("top_logprobs") or []):
             extra["top_logprobs"] = lp["top_logprobs"]
+        if choice.get("prompt_logprobs") is not None:  # asked by `extra: {prompt_logprobs: k}` (vLLM)
+            extra["prompt_logprobs"] = choice["prompt_logprobs"]
         return list(token_ids), [float(x) for x in logprobs], extra

@@ -20,6 +20,7 @@ sglang_jax   3.12  x86_64-manylinux_2_28  venv
 learner-tpu  3.12  x86_64-manylinux_2_31  venv
 vllm-tpu     3.12  x86_64-manylinux_2_31  venv
 libtpu       3.12  x86_64-manylinux_2_31  target
+tinker-cookbook 3.11 x86_64-manylinux_2_28 venv
 "
 
 env_field() {  # env_field NAME COLUMN(2=python 3=platform 4=kind)

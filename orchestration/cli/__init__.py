@@ -16,6 +16,7 @@ COMMANDS = {
     "serve": ("orchestration.cli.serve", "serve a run's trained adapter, OpenAI-compatible"),
     "eval": ("orchestration.cli.eval", "held-out accuracy of the base model and a run's adapter"),
     "preflight": ("orchestration.cli.preflight", "will the learner fit its chips? compile only, no TPU needed"),
+    "tinker": ("orchestration.cli.tinker", "a Tinker-API training service on the learner and engines (your own loop)"),
     "prepare-model": ("orchestration.cli.prepare_model", "make a model folder from a local GGUF or HF folder"),
 }
 IN_ENGINE_ENV = {"prepare-model"}

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestration.config.schema import RunConfig
 from orchestration.config.errors import ConfigError, format_validation_error
+
+T = TypeVar("T", bound=BaseModel)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -34,8 +36,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML, apply dotted overrides, validate. Raises ConfigError with readable lines."""
+def load_config(path: str | Path, overrides: list[str] | None = None, schema: type[T] = RunConfig) -> T:
+    """Read YAML, apply dotted overrides, validate (into a RunConfig, or `schema`). Raises ConfigError with
+    readable lines."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} not found (shipped configs are in configs/)")
@@ -47,11 +50,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: top level must be a mapping of sections (model, rollout, learner, ...)")
     raw = apply_overrides(raw, overrides or [])
     try:
-        return RunConfig.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 
 
-def dump_config(cfg: RunConfig, path: Path) -> None:
+def dump_config(cfg: BaseModel, path: Path) -> None:
     """Write the resolved config (every default filled in) so a run can be resumed or reproduced from it."""
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

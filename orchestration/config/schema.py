@@ -386,3 +386,27 @@ class RunConfig(Strict):
                 raise ValueError(f"{where}.max_tokens ({sampling.max_tokens}) leaves no room for the rubric in the "
                                  f"judge's max_model_len ({backend.max_model_len}); lower it")
         return self
+
+
+class ServiceConfig(Strict):
+    """What `aha tinker` reads (configs/tinker_*.yaml): the parts a training service runs. What a step trains on,
+    its rewards and its loop are the client's, so there are no data, rewards, train or eval sections."""
+
+    model: ModelConfig = ModelConfig()
+    """The base model every training client's LoRA sits on."""
+    rollout: RolloutSection
+    """The engines that serve the samplers (their `sampling` is the fallback for a request's missing fields)."""
+    learner: LearnerSection = LearnerSection()
+    """The learner every training client's adapter lives on (its lora and optimizer keys are the run defaults;
+    each client brings its own rank and AdamW numbers)."""
+    ray: RayConfig = RayConfig()
+    """The Ray cluster to join or start."""
+
+    judge_engine: None = None  # the cluster launcher reads it (a service starts no judge)
+
+    @model_validator(mode="after")
+    def check_parallelism(self) -> "ServiceConfig":
+        check_learner_chips(self.learner.topology, self.learner.hosts, self.learner.resources.tpu)
+        check_engine_chips(self.rollout.backend, self.rollout.resources.tpu, self.model.config_json)
+        return self
+

@@ -26,6 +26,7 @@ import pytest
 
 from conftest import perturbed_learner, rollout_serving
 from learner import train_step as ts
+from learner.adapters import POLICY
 from learner.batch import TrainBatch
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
@@ -94,6 +95,19 @@ def step_from(learner: Learner, params, batch: TrainBatch) -> tuple[dict, dict]:
         return metrics, copy(learner.params)
     finally:
         learner.params, learner.opt_state = kept, opt_state
+
+
+def gradient_from(learner: Learner, params, batch: TrainBatch) -> tuple[dict, np.ndarray]:
+    """(forward_backward's metrics, the gradient it leaves for optim_step, flattened) from `params`; the learner's
+    weights and optimizer are left as they were (no update is applied)."""
+    kept, policy = copy(learner.params), learner.adapters[POLICY]
+    try:
+        learner.params = copy(params)
+        metrics = learner.forward_backward(batch, "grpo")
+        grads, policy.grads, policy.open = policy.grads, None, None
+        return metrics, np.concatenate([np.ravel(np.asarray(g)) for g in jax.tree.leaves(grads)])
+    finally:
+        learner.params = kept
 
 
 def segments(s: Completion) -> list[tuple[bool, list[int]]]:
@@ -176,20 +190,22 @@ def test_environment_tokens_carry_no_loss(groups, learner):
     split = TrainBatch([r[0] for r, _ in rows], [r[1] for r, _ in rows], [r[2] for r, _ in rows],
                        np.array([w for _, w in rows]), np.zeros(len(rows), np.int32), SamplingTransform.of(PARAMS))
     start = copy(learner.params)
-    m_multi, p_multi = step_from(learner, start, multi)
-    m_split, p_split = step_from(learner, start, split)
-    m_leak, _ = step_from(learner, start, TrainBatch(*[getattr(multi, f) for f in
-                                                       ("prompt_ids", "completion_ids", "engine_logprobs", "rewards",
-                                                        "group_ids", "sampling")]))
-    step = lambda p: np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(start))])
-    update_gap = np.max(np.abs(step(p_multi) - step(p_split))) / np.max(np.abs(step(p_split)))
-    norm = lambda m: m["learner/grad_norm"]  # noqa: E731
-    print(f"\ngrad norm: multi-turn row {norm(m_multi):.6g}, its turns as rows {norm(m_split):.6g}, environment "
-          f"tokens unmasked {norm(m_leak):.6g}; largest update gap {update_gap:.2e} of the largest update")
+    # Gradients, not Adam updates: one Adam step moves an element by about lr x sign(gradient), so rounding-level
+    # differences between the two layouts' gradients became update differences of 5e-2 of the largest on one
+    # machine (issue 38) while the gradients agreed; the gradient is what the mask decides.
+    m_multi, g_multi = gradient_from(learner, start, multi)
+    m_split, g_split = gradient_from(learner, start, split)
+    _, g_leak = gradient_from(learner, start, TrainBatch(*[getattr(multi, f) for f in
+                                                           ("prompt_ids", "completion_ids", "engine_logprobs",
+                                                            "rewards", "group_ids", "sampling")]))
+    gap = float(np.max(np.abs(g_multi - g_split)) / np.max(np.abs(g_split)))
+    norm = lambda g: float(np.linalg.norm(g))  # noqa: E731
+    print(f"\ngradient norm: multi-turn row {norm(g_multi):.6g}, its turns as rows {norm(g_split):.6g}, environment "
+          f"tokens unmasked {norm(g_leak):.6g}; largest gradient gap {gap:.2e} of the largest element")
     assert m_multi["learner/loss"] == pytest.approx(m_split["learner/loss"], rel=1e-4, abs=1e-7)
-    assert norm(m_multi) == pytest.approx(norm(m_split), rel=1e-3)
-    assert update_gap < 1e-2, f"the updates differ by {update_gap:.2e} of the largest"
-    assert abs(norm(m_leak) / norm(m_split) - 1) > 1e-2, "unmasked environment tokens leave the gradient alike"
+    assert norm(g_multi) == pytest.approx(norm(g_split), rel=1e-3)
+    assert gap < 1e-3, f"the gradients differ by {gap:.2e} of the largest element"
+    assert abs(norm(g_leak) / norm(g_split) - 1) > 1e-2, "unmasked environment tokens leave the gradient alike"
 
 
 def test_a_verifiers_environment_runs_through_the_adapter(rollout, renderer, learner):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from learner.checkpoint import Checkpointer
-from learner.learner import _write_folder
+from common.storage import write_folder
 from orchestration.run_dir import RunDir, local_copy
 from common import storage as uri
 from tests.integration.multinode import make_bucket, start_gcs_emulator
@@ -95,7 +95,7 @@ def test_an_adapter_exported_to_the_bucket_is_readable_there(bucket):
         (folder / "adapter_config.json").write_text('{"r": 8}')
         return folder
 
-    adapter = _write_folder(uri.join(bucket, "runs", "x", "adapter"), write)
+    adapter = write_folder(uri.join(bucket, "runs", "x", "adapter"), write)
     assert json.loads(uri.read_text(uri.join(adapter, "adapter_config.json"))) == {"r": 8}
     uri.write_text(uri.join(bucket, "runs", "x", "config.yaml"), "model: {}\n")
     local = local_copy(uri.join(bucket, "runs", "x"))  # what `orchestration.cli.serve gs://...` starts from

