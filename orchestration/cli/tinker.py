@@ -86,8 +86,9 @@ def serve(cfg, run_dir, host: str, port: int, api_key: str) -> int:
     try:
         learner = launch.start_learner(cfg, None)
         rollout = launch.start_rollout(cfg)
-        log.info("learner on %s; engines at %s", learner.node(), rollout.base_urls)
         service = TinkerService(cfg, learner, rollout, run_dir.uri)
+        service.placement = {"driver": launch.driver_address(), "learner": learner.node(), "engines": rollout.base_urls}
+        log.info("placement: %s", service.placement)
         app = TinkerApp(service, api_key).build()
 
         async def run() -> None:

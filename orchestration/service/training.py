@@ -87,6 +87,7 @@ class TinkerService:
         self.samplers: dict[str, Sampler] = {}
         self._loaded: set[str] = set()  # named sampler checkpoints served on the engines
         self._session_count = 0
+        self.placement: dict[str, Any] = {}  # where the parts run (the CLI fills it in; capabilities report it)
 
     # ---- sessions and capabilities ------------------------------------------------------------------------------
     def create_session(self) -> str:
@@ -97,8 +98,10 @@ class TinkerService:
         return session_id
 
     def capabilities(self) -> dict[str, Any]:
+        """The models served, and (a key the SDK ignores) where the learner and the engines run."""
         return {"supported_models": [{"model_name": self.cfg.model.path, "max_context_length":
-                                      self.cfg.rollout.backend.max_model_len, "trainable": True, "sampleable": True}]}
+                                      self.cfg.rollout.backend.max_model_len, "trainable": True, "sampleable": True}],
+                "placement": self.placement}
 
     def check_base(self, base_model: str | None) -> str:
         if base_model is not None and base_model not in self.base_names:

@@ -328,10 +328,16 @@ class MultiNodeCluster:
         return subprocess.run(cmd, env=self.env | env, capture_output=True, text=True, timeout=timeout_s)
 
     def submit(self, entrypoint: list[str], env_vars: dict[str, str] | None = None,
-               timeout_s: float = 1500) -> subprocess.CompletedProcess:
-        """`ray job submit` of `entrypoint` with this repo as the working dir; waits for the job to end."""
+               timeout_s: float = 1500, wait: bool = True) -> subprocess.CompletedProcess:
+        """`ray job submit` of `entrypoint` with this repo as the working dir; waits for the job to end (with
+        `wait=False`, for it to be submitted: its id is the output's `job_id`; `stop_job` ends it)."""
         runtime_env = {"excludes": [".git", ".venv", ".venv-vllm", ".venv-sglang", "runs", "*.pyc"],
                        "env_vars": {"STORAGE_EMULATOR_HOST": self.gcs_url, **(env_vars or {})}}
         cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", self.dashboard, "--working-dir", str(ROOT),
-               "--runtime-env-json", json.dumps(runtime_env), "--", *entrypoint]
+               "--runtime-env-json", json.dumps(runtime_env), *([] if wait else ["--no-wait"]), "--", *entrypoint]
+        return subprocess.run(cmd, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+    def stop_job(self, job_id: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+        """`ray job stop` (SIGTERM to the job's driver), waiting until it has stopped."""
+        cmd = [str(VENV_BIN / "ray"), "job", "stop", "--address", self.dashboard, job_id]
         return subprocess.run(cmd, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)

@@ -150,3 +150,57 @@ def test_resume_with_the_learner_on_another_node_keeps_every_row(cluster, lost_n
     assert summary["placement"]["learner"].startswith(cluster.ips["c"] + " "), summary["placement"]
     assert engine_nodes(summary)[0] in (cluster.ips["c"], cluster.ips["d"]), summary["placement"]
     assert summary["steps"] == 5
+
+
+def test_tinker_service_with_its_parts_on_other_nodes(cluster):
+    """`aha tinker` as a Ray job: its driver on the head, the learner on b, its engine on c or d, checkpoints on the
+    bucket; the official SDK, from outside the cluster, trains, samples and saves through it."""
+    import re
+    import time
+
+    import httpx
+    import tinker
+    from tinker import types
+
+    port, key, run = 18601, "tml-multinode", "gs://aha-runs/tinker"
+    job = cluster.submit(["python", "-m", "orchestration.cli", "tinker", "--config", "configs/tinker_smollm2_cpu.yaml",
+                          "--run-dir", run, "--host", "0.0.0.0", "--port", str(port), "--api-key", key,
+                          "model.path=tiny-llama", "rollout.backend.max_lora_rank=16",
+                          "rollout.backend.kv_cache_space_gb=1", ENGINES, "learner.resources.custom={node_b: 1}"],
+                         wait=False, timeout_s=300)
+    found = re.search(r"raysubmit_\w+", job.stdout + job.stderr)
+    assert job.returncode == 0 and found, job_output(job)
+    url = f"http://{cluster.ips['head']}:{port}"
+    try:
+        deadline, caps = time.monotonic() + 600, None
+        while caps is None and time.monotonic() < deadline:
+            try:
+                reply = httpx.get(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": key}, timeout=5)
+                caps = reply.json() if reply.status_code == 200 else None
+            except httpx.HTTPError:
+                time.sleep(2)
+        assert caps is not None, f"aha tinker did not come up at {url}"
+        where = caps["placement"]
+        assert where["driver"] == cluster.ips["head"] and where["learner"].startswith(cluster.ips["b"] + " "), where
+        assert where["engines"][0].removeprefix("http://").rsplit(":", 1)[0] in (cluster.ips["c"], cluster.ips["d"])
+        assert httpx.get(f"{url}/api/v1/get_server_capabilities", timeout=5).status_code == 401
+
+        training = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
+            base_model="tiny-llama", rank=8, seed=0).result()
+        tokens = list(range(40, 60))
+        datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+        losses = []
+        for _ in range(2):
+            losses.append(training.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"])
+            training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        assert losses[1] < losses[0], losses
+        sampled = training.save_weights_and_get_sampling_client().sample(
+            types.ModelInput.from_ints(tokens[:5]), 2, types.SamplingParams(max_tokens=4, seed=1)).result()
+        assert [len(s.tokens) for s in sampled.sequences] == [4, 4]
+        path = training.save_state("one").result().path
+        model_id = path.removeprefix("tinker://").split("/")[0]
+        assert "one" in uri.list_names(uri.join(run, "tinker", model_id, "weights")), "the state is not on the bucket"
+    finally:
+        stopped = cluster.stop_job(found.group(0))
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
