@@ -17,6 +17,7 @@ COMMANDS = {
     "eval": ("orchestration.cli.eval", "held-out accuracy of the base model and a run's adapter"),
     "preflight": ("orchestration.cli.preflight", "will the learner fit its chips? compile only, no TPU needed"),
     "prepare-model": ("orchestration.cli.prepare_model", "make a model folder from a local GGUF or HF folder"),
+    "tpu-check": ("orchestration.cli.tpu_check", "ten minutes on a new TPU VM: which libtpu settings work here"),
 }
 IN_ENGINE_ENV = {"prepare-model"}
 

@@ -68,10 +68,14 @@ def reserve_learner(cfg):
         pg = placement_group([dict(bundle) for _ in range(hosts)], strategy="STRICT_SPREAD", name="aha-learner")
         return _ready(pg, f"learner.hosts={hosts} needs {hosts} distinct Ray nodes each with {bundle}",
                       "start Ray on every learner host or lower learner.hosts / learner.resources")
-    needs = (f"learner.hosts={hosts} needs the {hosts} hosts of an idle {cfg.learner.topology} (sub-)slice, each "
-             f"with {bundle}")
+    return reserve_tpu_hosts(cfg.learner.topology, hosts, bundle)
+
+
+def reserve_tpu_hosts(topology: str, hosts: int, bundle: dict[str, float]):
+    """A ready group of `hosts` bundles on the hosts of one idle `topology` (sub-)slice, bundle i on task i."""
+    needs = f"learner.hosts={hosts} needs the {hosts} hosts of an idle {topology} (sub-)slice, each with {bundle}"
     fix = "free those hosts or lower learner.hosts / learner.topology"
-    pg = _ready(_tpu_slice_group(Topology.parse(cfg.learner.topology), hosts, bundle), needs, fix)
+    pg = _ready(_tpu_slice_group(Topology.parse(topology), hosts, bundle), needs, fix)
     return _in_task_order(pg, bundle, needs, fix)
 
 
