@@ -20,8 +20,11 @@ process therefore starts with one of two environments:
   cluster (jax/_src/test_multiprocess.py:404-409).
 
 Ports: each TPU process of a run gets its own, `BASE_PORT + slot` (learner processes take the first slots, engine
-replicas the next), so two processes that share a host never share one. Nothing here imports Ray or JAX: the config
-validators use the same facts (`Topology`, `VALID_CHIPS`).
+replicas the next), so two processes that share a host never share one; likewise its own libtpu runtime-metrics
+port, `METRICS_BASE_PORT + slot` (`TPU_RUNTIME_METRICS_PORTS`): every libtpu otherwise serves its metrics on 8431, and
+the second process on a host either fails to bind it or shares it (SO_REUSEPORT), so a monitor such as tpu-info
+reads one of them at random. Nothing here imports Ray or JAX: the config validators use the same facts
+(`Topology`, `VALID_CHIPS`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from orchestration.cluster.tpu_layout import SliceLayout, layout
 
 BASE_PORT = 8476
 """libtpu's default process port, tpu-inference's `BASE_TPU_PROCESS_PORT` (distributed/jax_parallel_state.py:28)."""
+METRICS_BASE_PORT = 8431
+"""libtpu's runtime-metrics port (`--runtime_metric_service_port`'s default, libtpu 0.0.50.1; a TPU VM's metadata lists
+8431-8434 as TPU_RUNTIME_METRICS_PORTS). A process reads its own from `TPU_RUNTIME_METRICS_PORTS` (one port for one
+process: tpu_info/README.md of Google's cloud-accelerator-diagnostics, the `tpu-info` tool that reads them)."""
 VALID_CHIPS = (1, 2, 4, 8)
 """Chip counts Ray's `TPU` resource accepts per actor (`TPU_VALID_CHIP_OPTIONS`, ray tpu.py:23)."""
 CHIPS_PER_HOST_MULTIHOST = 4
@@ -144,11 +151,17 @@ def share_bounds(generation: str | None, chips: int) -> str | None:
     return SHARE_RULES[chips].bounds
 
 
+def metrics_port(port: int) -> int:
+    """The runtime-metrics port of the process whose libtpu port is `port` (the same slot)."""
+    return METRICS_BASE_PORT + port - BASE_PORT
+
+
 def isolated_env(chips: int, port: int, generation: str | None = None) -> dict[str, str]:
     """A process that is its own one-host libtpu cluster over `chips` of its host's chips."""
     env = {
         "TPU_PROCESS_BOUNDS": "1,1,1",
         "TPU_PROCESS_PORT": str(port),
+        "TPU_RUNTIME_METRICS_PORTS": str(metrics_port(port)),
         "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
         "CLOUD_TPU_TASK_ID": "0",
         # The older name, which Ray writes for 1- and 2-chip shares (tpu.py:52-56, 857-869): kept equal to the above so no
@@ -165,10 +178,12 @@ def subslice_env(hosts: SliceLayout, process: int, addresses: list[str]) -> dict
     if len(addresses) != len(hosts.places):
         raise ValueError(f"{len(hosts.places)} learner hosts were placed but {len(addresses)} addresses given")
     ordered = ",".join(addresses[i] for i in hosts.in_task_order())
+    port = int(addresses[process].rsplit(":", 1)[1])
     return {
         "TPU_CHIPS_PER_PROCESS_BOUNDS": bounds(hosts.block),
         "TPU_PROCESS_BOUNDS": bounds(hosts.grid),
-        "TPU_PROCESS_PORT": addresses[process].rsplit(":", 1)[1],
+        "TPU_PROCESS_PORT": str(port),
+        "TPU_RUNTIME_METRICS_PORTS": str(metrics_port(port)),
         "TPU_PROCESS_ADDRESSES": ordered,
         "CLOUD_TPU_TASK_ID": str(hosts.task_ids[process]),
         "TPU_CHIPS_PER_HOST_BOUNDS": bounds(hosts.block),

@@ -14,7 +14,7 @@ from orchestration.cluster.tpu_env import Topology, engine_envs, generation_of, 
 from orchestration.cluster.tpu_layout import RAY_WORKER_DIMS_2D, RAY_WORKER_DIMS_3D, ray_worker_coords
 
 KEYS = ("TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "CLOUD_TPU_TASK_ID", "TPU_PROCESS_PORT",
-        "TPU_PROCESS_ADDRESSES")
+        "TPU_PROCESS_ADDRESSES", "TPU_RUNTIME_METRICS_PORTS")
 """The variables shown (the older TPU_HOST_BOUNDS / TPU_CHIPS_PER_HOST_BOUNDS names always equal the first two)."""
 
 

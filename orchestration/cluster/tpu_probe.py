@@ -51,8 +51,11 @@ class Probe:
         import jax
 
         devices = jax.local_devices()
+        metrics = os.environ.get("TPU_RUNTIME_METRICS_PORTS", "").split(",")[0]
         return {"platform": devices[0].platform, "kind": devices[0].device_kind, "count": len(devices),
                 "coords": sorted({tuple(getattr(d, "coords", ())) for d in devices}),
+                "metrics": f"{metrics} {'listening' if _listening(int(metrics)) else 'silent'}" if metrics.isdigit()
+                else "default port",
                 "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}}
 
     def psum(self) -> float:
@@ -98,7 +101,8 @@ def devices_row(check: str, setting: str, envs: list[dict[str, str]], options: l
     chips = [set(map(tuple, s["coords"])) for s in seen]
     disjoint = sum(len(c) for c in chips) == len(set().union(*chips))
     ok = all(s["count"] == want for s in seen) and disjoint
-    detail = "; ".join(f"{s['count']} {s['platform']} ({s['kind']}) at {_span(s['coords'])}" for s in seen)
+    detail = "; ".join(f"{s['count']} {s['platform']} ({s['kind']}) at {_span(s['coords'])}, metrics {s['metrics']}"
+                       for s in seen)
     return Row(check, setting, "ok" if ok else "FAILED", detail + ("" if disjoint else "; chips overlap")), seen
 
 
@@ -119,6 +123,15 @@ def psum_row(check: str, setting: str, envs: list[dict[str, str]], options: list
     ok = all(v == total for v in sums)
     return Row(check, setting, "ok" if ok else "FAILED",
                f"psum {sums} over {total} devices in {len(probes)} processes (want {float(total)} each)")
+
+
+def _listening(port: int) -> bool:
+    """Whether something on this host accepts connections on `port` (libtpu's runtime-metrics service)."""
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _span(coords: list) -> str:

@@ -124,6 +124,17 @@ def test_every_tpu_process_of_a_run_has_its_own_port():
         envs = learner_envs(topology, learner_hosts, 4, ips, chips) + engine_envs(replicas, 4, learner_hosts)
         ports = [e["TPU_PROCESS_PORT"] for e in envs]
         assert len(set(ports)) == len(ports), ports
+        metrics = [e["TPU_RUNTIME_METRICS_PORTS"] for e in envs]
+        assert len(set(metrics + ports)) == 2 * len(ports), (metrics, ports)
+
+
+def test_each_tpu_process_serves_libtpus_metrics_on_its_own_port():
+    """Fails on main at 85b20f9: no process got TPU_RUNTIME_METRICS_PORTS there, so the learner and vllm-tpu of the
+    split v5e-8 config both served libtpu's runtime metrics on its default 8431."""
+    cfg = load_config(V5E8)
+    [learner], [engine] = learner_process_env(cfg, None), engine_replica_env(cfg)
+    assert learner["TPU_RUNTIME_METRICS_PORTS"] == str(tpu_env.METRICS_BASE_PORT)
+    assert engine["TPU_RUNTIME_METRICS_PORTS"] == str(tpu_env.METRICS_BASE_PORT + 1)
 
 
 def test_off_tpu_no_process_gets_tpu_variables():
