@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -120,6 +121,35 @@ def upload(local: Path, dest: str) -> None:
     for f in files:
         target = inner if f == local else f"{inner}/{f.relative_to(local).as_posix()}"
         fs.put_file(str(f), target)
+
+
+def write_bytes(dest: str, data: bytes) -> None:
+    """Replace the object `dest` (a URI) with `data`."""
+    fs, inner = filesystem(dest)
+    fs.pipe_file(inner, data)
+
+
+def append(dest: str, data: bytes) -> None:
+    """Add `data` to the end of the object `dest` (a URI that exists), sending only `data`.
+
+    On gs:// the bytes go up as an object of their own and Cloud Storage composes the two server-side into `dest`
+    (its documented way to append: "Composite objects are useful for making appends to an existing object",
+    cloud.google.com/storage/docs/composite-objects); the part is deleted after. Another scheme has no compose, so
+    there the object is read back and written whole.
+    """
+    if not data:
+        return
+    fs, inner = filesystem(dest)
+    if not dest.startswith(("gs://", "gcs://")):
+        fs.pipe_file(inner, fs.cat_file(inner) + data)
+        return
+    part = f"{inner}.part-{uuid.uuid4().hex}"
+    fs.pipe_file(part, data)
+    try:
+        fs.merge(inner, [inner, part])
+    finally:
+        fs.rm_file(part)
+    fs.invalidate_cache(inner)
 
 
 def download(src: str, local: Path) -> bool:

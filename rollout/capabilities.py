@@ -171,8 +171,19 @@ def check_lora_env(backend: EngineConfig) -> None:
                              "false")
 
 
+TPU_SETUP_BUILDS = frozenset({"vllm"})
+"""Engines whose TPU env `scripts/setup_envs.sh --tpu` builds (requirements/vllm-tpu.lock). SGLang-JAX's env is
+built for CPU only (jax 0.8 without libtpu, scripts/setup_sglang_env.sh): on a TPU VM its default interpreter would
+be missing or CPU-only, and the engine would fail minutes into a run."""
+
+
 def check_platform_resources(backend: EngineConfig, num_gpus: float, tpu: float) -> None:
-    """Raise when the devices the actor asks Ray for contradict `backend.platform` (whose sampler facts apply)."""
+    """Raise when the devices the actor asks Ray for contradict `backend.platform` (whose sampler facts apply), or
+    when setup builds no env for the engine on that platform."""
+    if backend.platform == "tpu" and backend.kind not in TPU_SETUP_BUILDS and backend.python is None:
+        raise ValueError(f"rollout.backend.kind {backend.kind} on platform tpu: `scripts/setup_envs.sh --tpu` builds "
+                         f"no {backend.kind} env for TPU (only {', '.join(sorted(TPU_SETUP_BUILDS))}); use "
+                         "rollout.backend.kind: vllm, or set rollout.backend.python to a TPU env you built")
     wants = "tpu" if tpu > 0 else "gpu" if num_gpus > 0 else None
     if wants is not None and backend.platform != wants:
         key = "tpu" if wants == "tpu" else "num_gpus"

@@ -47,6 +47,11 @@ class EngineConfig(Strict):
     """Environment variable naming the engine env's interpreter (subclasses set it)."""
     interpreter_env_name: ClassVar[str] = ""
     """Folder of the engine env under $AHA_CACHE/envs (subclasses set it)."""
+    startup_timeouts_s: ClassVar[dict[str, float]] = {"cpu": 600.0, "gpu": 900.0, "tpu": 1800.0}
+    """`startup_timeout_s` when left unset, per platform (subclasses may set their own). CPU start-up is 30-70 s,
+    more on a busy box; on TPU an engine compiles its kernels (with LoRA, for every adapter slot and batch bucket)
+    before /health answers, for minutes: 1800 s is an allowance, not a measurement (`aha tpu-check` prints the
+    real start time of vllm-tpu with LoRA at tensor parallel 4)."""
 
     python: str | None = None
     """Interpreter of the engine env; None = the engine's $AHA_*_PYTHON or its env under $AHA_CACHE/envs."""
@@ -89,8 +94,14 @@ class EngineConfig(Strict):
     another node listens on an address others can reach); `serve` leaves it open."""
     startup_adapter: StartupAdapter | None = None
     """A LoRA adapter attached at start-up (`orchestration.cli.serve` attaches the run's final one); None = none."""
-    startup_timeout_s: float = Field(600.0, gt=0)
-    """How long to wait for /health after launch before giving up (CPU start-up is 30-70 s, more when busy)."""
+    startup_timeout_s: float | None = Field(None, gt=0)
+    """How long to wait for /health after launch before giving up; None = the engine's default for its platform
+    (vLLM: cpu 600 s, gpu 900, tpu 1800; SGLang-JAX: cpu 900, gpu 900, tpu 1800)."""
+
+    @property
+    def start_timeout_s(self) -> float:
+        """The start-up timeout in force: startup_timeout_s, else the default for this engine and platform."""
+        return self.startup_timeout_s or self.startup_timeouts_s[self.platform]
 
     @property
     def threads(self) -> int:

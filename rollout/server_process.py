@@ -164,7 +164,7 @@ class ServerProcess:
         return self.cfg.host if self.cfg.host is not None else "127.0.0.1"
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"{self.engine_name} server exited with code {self._proc.returncode} during "
@@ -172,8 +172,10 @@ class ServerProcess:
             if self._healthy(timeout_s=2.0):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"{self.engine_name} server not healthy after {self.cfg.startup_timeout_s:.0f} s; raise "
-                           f"rollout.backend.startup_timeout_s or read {self._log_path}:\n{self.log_tail()}")
+        given = "set" if self.cfg.startup_timeout_s else f"the default for {self.cfg.kind} on {self.cfg.platform}"
+        raise RuntimeError(f"{self.engine_name} server not healthy after {self.cfg.start_timeout_s:.0f} s ({given}); "
+                           "raise rollout.backend.startup_timeout_s (judge_engine.backend.startup_timeout_s for a "
+                           f"judge's engine) or read {self._log_path}:\n{self.log_tail()}")
 
     def _healthy(self, timeout_s: float) -> bool:
         try:

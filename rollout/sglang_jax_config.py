@@ -29,6 +29,8 @@ class SglangJaxConfig(EngineConfig):
 
     interpreter_env_var: ClassVar[str] = "AHA_SGLANG_PYTHON"
     interpreter_env_name: ClassVar[str] = "sglang_jax"
+    startup_timeouts_s: ClassVar[dict[str, float]] = {"cpu": 900.0, "gpu": 900.0, "tpu": 1800.0}
+    """CPU start-up with compilation takes minutes when the box is busy (EngineConfig.startup_timeouts_s)."""
 
     kind: Literal["sglang_jax"] = "sglang_jax"
     """Backend selector."""
@@ -46,5 +48,3 @@ class SglangJaxConfig(EngineConfig):
     """Engine-wide sampling seed (start-up only)."""
     precompile: bool = False
     """Compile every batch/token bucket at start-up (minutes on CPU); off = compile each new shape on first use."""
-    startup_timeout_s: float = Field(900.0, gt=0)
-    """How long to wait for /health after launch (CPU start-up with compilation takes minutes when busy)."""

@@ -18,6 +18,7 @@ COMMANDS = {
     "preflight": ("orchestration.cli.preflight", "will the learner fit its chips? compile only, no TPU needed"),
     "tinker": ("orchestration.cli.tinker", "a Tinker-API training service on the learner and engines (your own loop)"),
     "prepare-model": ("orchestration.cli.prepare_model", "make a model folder from a local GGUF or HF folder"),
+    "tpu-check": ("orchestration.cli.tpu_check", "ten minutes on a new TPU VM: which libtpu settings work here"),
 }
 IN_ENGINE_ENV = {"prepare-model"}
 

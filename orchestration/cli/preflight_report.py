@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from orchestration.config.schema import RunConfig
+from orchestration.cluster.tpu_plan import describe as tpu_plan
 from orchestration.config.parallelism import report as parts_report
 
 HEADROOM = 0.10  # HBM that must stay free: runtime, fragmentation, the compiler's own misestimates
@@ -235,6 +236,8 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
           + (f"; {hf['num_hidden_layers']} layers extrapolated from {PROBE_LAYERS[0]}- and {PROBE_LAYERS[1]}-layer "
              "compiles" if probe_layers else ""))
     print(parts_report(cfg, hf))
+    for line in tpu_plan(cfg):
+        print(line)
     if figures_dir is not None:
         print(f"preflight: a piece compiled before (the same program, devices, compiler and flags) is read from "
               f"{figures_dir}, not compiled again; --recompile compiles every piece")

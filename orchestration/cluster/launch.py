@@ -16,10 +16,10 @@ import ray
 
 from learner.config import LearnerConfig
 from orchestration.config.schema import RayConfig, RunConfig, part_config
-from orchestration.cluster.placement import bundle_hosts, reserve_engines, reserve_learner
+from orchestration.cluster.placement import bundle_hosts, host_chip_coords, reserve_engines, reserve_learner
 from common.model_cache import cache_dir
 from orchestration.cluster.resources import check_cluster_fits
-from orchestration.cluster.tpu_env import engine_envs, learner_envs
+from orchestration.cluster.tpu_env import engine_envs, generation_of, learner_envs
 from rollout.config import RolloutConfig
 from rollout.server_process import LOOPBACK
 
@@ -42,15 +42,20 @@ def learner_runtime_env(cfg: RunConfig) -> dict | None:
 
 
 def learner_process_env(cfg: RunConfig, placement) -> list[dict[str, str]]:
-    """Each learner process's TPU variables (empty off TPU), over the hosts `placement` gave it; learner.env wins."""
+    """Each learner process's TPU variables (empty off TPU), over the hosts `placement` gave it and their chips'
+    coordinates; learner.env wins."""
+    tpu = cfg.learner.resources.tpu
     hosts = bundle_hosts(placement) if placement is not None else None
-    envs = learner_envs(cfg.learner.topology, cfg.learner.hosts, cfg.learner.resources.tpu, hosts)
+    chips = host_chip_coords(placement) if placement is not None and tpu else None
+    envs = learner_envs(cfg.learner.topology, cfg.learner.hosts, tpu, hosts, chips)
     return [env | cfg.learner.env for env in envs]
 
 
 def engine_replica_env(cfg: RunConfig) -> list[dict[str, str]]:
-    """Each engine replica's TPU variables (empty off TPU); its server actor and so its engine process get them."""
-    return engine_envs(cfg.rollout.replicas, cfg.rollout.resources.tpu, cfg.learner.hosts)
+    """Each engine replica's TPU variables (empty off TPU); its server actor and so its engine process get them.
+    The generation (whose hosts' size decides what is a whole host) is the learner's: a run is on one kind of TPU."""
+    return engine_envs(cfg.rollout.replicas, cfg.rollout.resources.tpu, cfg.learner.hosts,
+                       generation_of(cfg.learner.topology))
 
 
 def connect(cfg: RunConfig) -> bool:

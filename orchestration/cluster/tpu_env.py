@@ -1,25 +1,30 @@
 """The libtpu environment of every TPU process of a run, computed by the driver before it starts them.
 
 Ray hands an actor its chips and little else: `TPU_VISIBLE_CHIPS` for part of a host, plus bounds for 1- or
-2-chip shares only (ray/_private/accelerators/tpu.py:826-874, Ray 2.60). Two runtimes on one host (the learner on
-chips 0-3 and vllm-tpu on 4-7 of a v5e-8) would then both start libtpu on its default port and bounds, and a
-process holding a whole host of a multi-host slice would read the slice's metadata and wait for hosts that are not
-its own. Every TPU process therefore starts with one of two environments:
+2-chip shares only (ray/_private/accelerators/tpu.py:796-874, Ray 2.60). Two runtimes on one host (the learner on
+chips 0-3 and vllm-tpu on 4-7 of a v5e-8) would then both start libtpu on its default port, and a process holding a
+whole host of a multi-host slice would read the slice's metadata and wait for hosts that are not its own. Every TPU
+process therefore starts with one of two environments:
 
-- `isolated_env`: the process is a libtpu cluster of its own, one host, its chips: every engine replica, and a
-  learner that runs as one process. This is tpu-inference 0.32.0's rule for runtimes that share a host
-  (tpu_inference/worker/tpu_worker.py:298-305, `_setup_dp_chip_isolation`) and for a host of a multi-host slice
-  run as its own cluster (tpu_worker.py:72-89 `PPConfig`, 336-343): bounds `1,n,1` / `1,1,1`, its own port, itself
-  as the only address, task 0. The chips themselves stay Ray's `TPU_VISIBLE_CHIPS`.
-- `subslice_env`: process i of a learner that spans the hosts of a sub-slice (`learner.hosts > 1`): the
-  sub-slice's grid of processes and each host's block of chips, every member's address, its task id i (the
-  variables jax/_src/test_multiprocess.py:404-409 sets for a multi-process TPU cluster, jax 0.12.0.1). The grid is
-  the one libtpu itself lays out for the topology name (its topology description, checked in the tests), which is
-  also the worker grid Ray's sub-slice placement uses (`_VALID_TOPOLOGY_WORKER_DIMS_2D/3D`, tpu.py:132-160).
+- `isolated_env`: the process is a libtpu cluster of its own, one host: every engine replica, and a learner that
+  runs as one process (tpu-inference 0.32.0's rule for runtimes that share a host, tpu_worker.py:298-305
+  `_setup_dp_chip_isolation`, and for a host of a multi-host slice run as its own cluster, tpu_worker.py:72-89):
+  process bounds 1,1,1, its own port, itself as the only address, task 0. Its chip bounds are those of its share
+  of the host (`share_bounds`, one rule per generation with its source), and none at all when it holds the whole
+  host: libtpu's own description of the host is then the right one (jax 0.12.0.1 describes a whole v5e-8 as
+  4,2,1 and a whole v6e-8 as 2,4,1, jax/_src/test_multiprocess.py:259, 286; a bound of 1,8,1 matches neither).
+  The chips themselves stay Ray's `TPU_VISIBLE_CHIPS`.
+- `subslice_env`: a process of a learner that spans the hosts of a sub-slice (`learner.hosts > 1`): the grid of
+  processes, each host's block of chips, every member's address in task order and its own task id, all from the
+  hosts' chip coordinates (orchestration/cluster/tpu_layout.py), the variables jax sets for a multi-process TPU
+  cluster (jax/_src/test_multiprocess.py:404-409).
 
 Ports: each TPU process of a run gets its own, `BASE_PORT + slot` (learner processes take the first slots, engine
-replicas the next), so two processes that share a host never share one. Nothing here imports Ray or JAX: the config
-validators use the same facts (`Topology`, `VALID_CHIPS`).
+replicas the next), so two processes that share a host never share one; likewise its own libtpu runtime-metrics
+port, `METRICS_BASE_PORT + slot` (`TPU_RUNTIME_METRICS_PORTS`): every libtpu otherwise serves its metrics on 8431, and
+the second process on a host either fails to bind it or shares it (SO_REUSEPORT), so a monitor such as tpu-info
+reads one of them at random. Nothing here imports Ray or JAX: the config validators use the same facts
+(`Topology`, `VALID_CHIPS`).
 """
 
 from __future__ import annotations
@@ -27,8 +32,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestration.cluster.tpu_layout import SliceLayout, layout
+
 BASE_PORT = 8476
 """libtpu's default process port, tpu-inference's `BASE_TPU_PROCESS_PORT` (distributed/jax_parallel_state.py:28)."""
+METRICS_BASE_PORT = 8431
+"""libtpu's runtime-metrics port (`--runtime_metric_service_port`'s default, libtpu 0.0.50.1; a TPU VM's metadata lists
+8431-8434 as TPU_RUNTIME_METRICS_PORTS). A process reads its own from `TPU_RUNTIME_METRICS_PORTS` (one port for one
+process: tpu_info/README.md of Google's cloud-accelerator-diagnostics, the `tpu-info` tool that reads them)."""
 VALID_CHIPS = (1, 2, 4, 8)
 """Chip counts Ray's `TPU` resource accepts per actor (`TPU_VALID_CHIP_OPTIONS`, ray tpu.py:23)."""
 CHIPS_PER_HOST_MULTIHOST = 4
@@ -36,7 +47,35 @@ CHIPS_PER_HOST_MULTIHOST = 4
 HOST_BLOCK = {2: (2, 2), 3: (2, 2, 1)}
 """A host's chips as a block of the slice's grid (x, y[, z]), for 2-D (v5e, v6e) and 3-D (v4, v5p) topologies."""
 RAY_VERSION = {"v5e": "v5litepod"}
-"""Ray's name of a TPU generation where it differs from JAX's (ray tpu.py:86 `VALID_TPU_TYPES`)."""
+"""Ray's name of a TPU generation where it differs from JAX's (ray tpu.py:81 `VALID_TPU_TYPES`)."""
+HOST_CHIPS = {"v4": 4, "v5p": 4, "v5e": 8, "v6e": 8}
+"""The most chips one host of a generation holds: 8 on a single-host v5e / v6e VM (`TPU_8_CHIPS_PER_HOST_TYPES`,
+ray tpu.py:71), 4 on every other host (`DEFAULT_TPU_NUM_CHIPS_PER_HOST`, tpu.py:60). A generation not listed is
+taken to have 8-chip hosts."""
+
+
+@dataclass(frozen=True)
+class ShareRule:
+    """The chip bounds of a process holding part of a host, and where upstream states them."""
+
+    bounds: str
+    source: str
+
+
+SHARE_RULES = {
+    1: ShareRule("1,1,1", "ray 2.60.0 ray/_private/accelerators/tpu.py:52 TPU_CHIPS_PER_HOST_BOUNDS_1_CHIP_CONFIG; "
+                          "jax 0.12.0.1 jax/_src/test_multiprocess.py:241, 282 (1 chip per process, every generation)"),
+    2: ShareRule("1,2,1", "ray 2.60.0 tpu.py:53 TPU_CHIPS_PER_HOST_BOUNDS_2_CHIP_CONFIG; jax 0.12.0.1 "
+                          "test_multiprocess.py:243 (2 chips per process of a 2x2x1 host: v4, v5p, v5e, v6e)"),
+    4: ShareRule("2,2,1", "jax 0.12.0.1 jax/_src/test_multiprocess.py:284 (v5e: an 8-chip 4x2x1 host, 4 chips per "
+                          "process) and :257 (v6e: an 8-chip 2x4x1 host, 4 chips per process)"),
+}
+"""Chip bounds of a share of one host, by its chip count. The same for every generation that has such a share: a
+v4 or v5p host has 4 chips (2x2x1), so its shares are 1 or 2 chips; a v5e or v6e host has 8 and also 4-chip halves.
+tpu-inference 0.32.0 instead gives a share of n chips `1,n,1` (tpu_worker.py:298-305), a rule written for v6e;
+which of the two libtpu accepts for a 4-chip half is what `aha tpu-check` asks the chips."""
+TPU_INFERENCE_RULE = "1,{chips},1"
+"""tpu-inference 0.32.0's bounds of a share (tpu_worker.py:301), the other candidate tpu-check tries."""
 
 
 @dataclass(frozen=True)
@@ -85,64 +124,98 @@ class Topology:
                              f"{'x'.join(map(str, block))} chips")
         return tuple(d // b for d, b in zip(self.dims, block))
 
+    def named_hosts(self) -> list[list[tuple[int, ...]]]:
+        """Each host's chip coordinates as libtpu lays the name out (hosts numbered x fastest): what preflight
+        shows. On a slice the placed hosts' own coordinates decide (tpu_layout.py)."""
+        grid, block = self.host_grid(), HOST_BLOCK[len(self.dims)]
+        g, b = (*grid, 1)[:3], (*block, 1)[:3]
+        return [[(hx * b[0] + i, hy * b[1] + j, hz * b[2] + k) for k in range(b[2]) for j in range(b[1])
+                 for i in range(b[0])] for hz in range(g[2]) for hy in range(g[1]) for hx in range(g[0])]
+
+
+def generation_of(topology: str) -> str | None:
+    """The TPU generation of a `learner.topology` name; None for cpu."""
+    parsed = Topology.parse(topology)
+    return parsed.generation if parsed else None
+
 
 def bounds(values: tuple[int, ...]) -> str:
     """libtpu's "x,y,z" form, padded with 1s."""
     return ",".join(str(v) for v in (*values, 1, 1, 1)[:3])
 
 
-def isolated_env(chips: int, port: int) -> dict[str, str]:
+def share_bounds(generation: str | None, chips: int) -> str | None:
+    """Chip bounds of a process holding `chips` of one host of `generation`; None for the whole host."""
+    if chips >= HOST_CHIPS.get(generation or "", 8):
+        return None
+    return SHARE_RULES[chips].bounds
+
+
+def metrics_port(port: int) -> int:
+    """The runtime-metrics port of the process whose libtpu port is `port` (the same slot)."""
+    return METRICS_BASE_PORT + port - BASE_PORT
+
+
+def isolated_env(chips: int, port: int, generation: str | None = None) -> dict[str, str]:
     """A process that is its own one-host libtpu cluster over `chips` of its host's chips."""
-    return {
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": f"1,{chips},1",
+    env = {
         "TPU_PROCESS_BOUNDS": "1,1,1",
         "TPU_PROCESS_PORT": str(port),
+        "TPU_RUNTIME_METRICS_PORTS": str(metrics_port(port)),
         "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
         "CLOUD_TPU_TASK_ID": "0",
-        # The older names, which Ray writes for 1- and 2-chip shares (tpu.py:49-56): kept equal to the above so no
-        # stale value of theirs can disagree with ours.
-        "TPU_CHIPS_PER_HOST_BOUNDS": f"1,{chips},1",
+        # The older name, which Ray writes for 1- and 2-chip shares (tpu.py:52-56, 857-869): kept equal to the above so no
+        # stale value of its can disagree with ours.
         "TPU_HOST_BOUNDS": "1,1,1",
     }
+    if (chip_bounds := share_bounds(generation, chips)) is not None:
+        env |= {"TPU_CHIPS_PER_PROCESS_BOUNDS": chip_bounds, "TPU_CHIPS_PER_HOST_BOUNDS": chip_bounds}
+    return env
 
 
-def subslice_env(topology: Topology, process: int, addresses: list[str]) -> dict[str, str]:
-    """Process `process` of a learner spanning the hosts of `topology`; `addresses[i]` is process i's "ip:port"."""
-    grid = topology.host_grid()
-    if len(addresses) != math.prod(grid):
-        raise ValueError(f"learner.topology {topology.generation}:{topology.shape} spans {math.prod(grid)} hosts "
-                         f"but {len(addresses)} learner processes were placed")
-    block = HOST_BLOCK[len(topology.dims)]
+def subslice_env(hosts: SliceLayout, process: int, addresses: list[str]) -> dict[str, str]:
+    """Process `process` of a learner over the hosts of `hosts`; `addresses[i]` is process i's "ip:port"."""
+    if len(addresses) != len(hosts.places):
+        raise ValueError(f"{len(hosts.places)} learner hosts were placed but {len(addresses)} addresses given")
+    ordered = ",".join(addresses[i] for i in hosts.in_task_order())
+    port = int(addresses[process].rsplit(":", 1)[1])
     return {
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": bounds(block),
-        "TPU_PROCESS_BOUNDS": bounds(grid),
-        "TPU_PROCESS_PORT": addresses[process].rsplit(":", 1)[1],
-        "TPU_PROCESS_ADDRESSES": ",".join(addresses),
-        "CLOUD_TPU_TASK_ID": str(process),
-        "TPU_CHIPS_PER_HOST_BOUNDS": bounds(block),
-        "TPU_HOST_BOUNDS": bounds(grid),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": bounds(hosts.block),
+        "TPU_PROCESS_BOUNDS": bounds(hosts.grid),
+        "TPU_PROCESS_PORT": str(port),
+        "TPU_RUNTIME_METRICS_PORTS": str(metrics_port(port)),
+        "TPU_PROCESS_ADDRESSES": ordered,
+        "CLOUD_TPU_TASK_ID": str(hosts.task_ids[process]),
+        "TPU_CHIPS_PER_HOST_BOUNDS": bounds(hosts.block),
+        "TPU_HOST_BOUNDS": bounds(hosts.grid),
     }
 
 
-def learner_envs(topology: str, hosts: int, chips: float, host_ips: list[str] | None = None) -> list[dict[str, str]]:
+def learner_envs(topology: str, hosts: int, chips: float, host_ips: list[str] | None = None,
+                 host_chips: list | None = None) -> list[dict[str, str]]:
     """The TPU environment of each learner process ({} each when the learner has no TPU chips).
 
-    `host_ips`: the node address of each process's placement bundle, needed when hosts > 1.
+    With hosts > 1: `host_ips[i]` and `host_chips[i]` are the node address and the chip coordinates of process i's
+    placement bundle (orchestration/cluster/placement.py reads them).
     """
     if not chips:
         return [{} for _ in range(hosts)]
     if hosts == 1:
-        return [isolated_env(int(chips), BASE_PORT)]
-    parsed = Topology.parse(topology)
-    if parsed is None or host_ips is None or len(host_ips) != hosts:
-        raise ValueError(f"learner.hosts={hosts} on TPU needs a TPU learner.topology and one placed host per "
-                         f"process (got topology {topology!r}, hosts {host_ips})")
+        return [isolated_env(int(chips), BASE_PORT, generation_of(topology))]
+    if host_ips is None or host_chips is None or not len(host_ips) == len(host_chips) == hosts:
+        raise ValueError(f"learner.hosts={hosts} on TPU needs one placed host (address and chip coordinates) per "
+                         f"process (got {host_ips})")
+    grid = layout(host_chips)
+    named = Topology.parse(topology)
+    if named is not None and math.prod(grid.grid) * math.prod(grid.block) != named.chips:
+        raise ValueError(f"learner.topology {topology} has {named.chips} chips but the placed hosts hold "
+                         f"{math.prod(grid.grid) * math.prod(grid.block)}")
     addresses = [f"{ip}:{BASE_PORT + i}" for i, ip in enumerate(host_ips)]
-    return [subslice_env(parsed, i, addresses) for i in range(hosts)]
+    return [subslice_env(grid, i, addresses) for i in range(hosts)]
 
 
-def engine_envs(replicas: int, chips: float, learner_hosts: int) -> list[dict[str, str]]:
+def engine_envs(replicas: int, chips: float, learner_hosts: int, generation: str | None = None) -> list[dict[str, str]]:
     """The TPU environment of each engine replica's server actor (its engine process inherits it); {} off TPU."""
     if not chips:
         return [{} for _ in range(replicas)]
-    return [isolated_env(int(chips), BASE_PORT + learner_hosts + i) for i in range(replicas)]
+    return [isolated_env(int(chips), BASE_PORT + learner_hosts + i, generation) for i in range(replicas)]

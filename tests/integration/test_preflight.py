@@ -68,6 +68,7 @@ def test_shipped_config_fits(config: Path) -> None:
     need_libtpu(config)
     out = probed(config)
     assert "layers extrapolated from 2- and 3-layer compiles" in out.stdout, out.stdout
+    assert ("preflight: TPU variables per process" in out.stdout) == is_tpu(config), out.stdout
     assert_fits(out)
 
 

@@ -20,6 +20,7 @@ from learner.checkpoint import Checkpointer
 from common.storage import write_folder
 from orchestration.run_dir import RunDir, local_copy
 from common import storage as uri
+from tests.integration.counting_proxy import CountingProxy
 from tests.integration.multinode import make_bucket, start_gcs_emulator
 
 pytestmark = pytest.mark.integration
@@ -101,3 +102,47 @@ def test_an_adapter_exported_to_the_bucket_is_readable_there(bucket):
     local = local_copy(uri.join(bucket, "runs", "x"))  # what `orchestration.cli.serve gs://...` starts from
     assert (local / "config.yaml").read_text() == "model: {}\n"
     assert json.loads((local / "adapter" / "adapter_config.json").read_text()) == {"r": 8}
+
+
+def test_appended_files_send_only_their_new_bytes(tmp_path):
+    """metrics.jsonl and samples.jsonl grow by a row per step and are synced after each: what goes on the wire per
+    sync must not grow with the file (main at 85b20f9 uploaded the whole file each time: the bytes of a run grew with
+    the square of its steps). Measured by a relay that counts the bytes the client sends to the emulator. A file
+    rewritten in place (a resume drops rows after its checkpoint) is sent whole once, and a resumed driver appends
+    to what it pulled."""
+    proc, url = start_gcs_emulator("127.0.0.1", tmp_path / "gcs-counted")
+    previous = os.environ.get(uri.EMULATOR)
+    try:
+        with CountingProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+            os.environ[uri.EMULATOR] = proxy.url
+            run_dir = RunDir(uri.join(make_bucket(url, "aha-count"), "runs", "a"))
+            sent, path = [], run_dir.local / "metrics.jsonl"
+            for step in range(1, 21):
+                before = proxy.sent
+                with path.open("a") as f:
+                    f.write(json.dumps({"step": step, "pad": "x" * 2000}) + "\n")
+                run_dir.sync("metrics.jsonl")
+                sent.append(proxy.sent - before)
+            assert uri.read_text(run_dir.path("metrics.jsonl")) == path.read_text()
+            assert max(sent[10:]) < 2 * min(sent[1:10]), f"bytes per sync grow with the file: {sent}"
+            assert sum(sent[1:]) < 3 * (path.stat().st_size - len(path.read_text().splitlines()[0])), sent
+            kept = "".join(path.read_text().splitlines(keepends=True)[:5])
+            path.write_text(kept)  # what a resume's drop_rows_after does
+            run_dir.sync("metrics.jsonl")
+            assert uri.read_text(run_dir.path("metrics.jsonl")) == kept
+            resumed = RunDir(run_dir.uri)
+            resumed.pull()
+            before = proxy.sent
+            with (resumed.local / "metrics.jsonl").open("a") as f:
+                f.write('{"step": 6}\n')
+            resumed.sync("metrics.jsonl")
+            assert proxy.sent - before < 2 * min(sent[1:10]), "a resumed driver sent the whole file"
+            assert uri.read_text(run_dir.path("metrics.jsonl")) == kept + '{"step": 6}\n'
+            assert uri.list_names(uri.join("gs://aha-count", "runs", "a")) == ["metrics.jsonl"], "parts left over"
+    finally:
+        if previous is None:
+            os.environ.pop(uri.EMULATOR, None)
+        else:
+            os.environ[uri.EMULATOR] = previous
+        proc.kill()
+        proc.wait()

@@ -6,8 +6,10 @@ reads on a real slice (ray/_private/accelerators/tpu.py:1024-1059 `get_current_n
 982-1022 `get_current_node_additional_resources`). The probes are plain actors started with exactly the Ray options
 and environment the driver computes (orchestration/cluster/launch.py, placement.py); each reports what its process (and an
 engine process it would launch) sees. What cannot run here: libtpu on a chip. Ray's sub-slice discovery reads every
-host's chip coordinates through libtpu (ray/util/tpu.py:1325-1353); the fixture stores what it persists for a slice
-whose workers sit in worker-id order (tpu.py:1487-1527, labels from Ray's own `_build_subslice_labels`).
+host's chip coordinates through libtpu (ray/util/tpu.py:1325-1353); the fixture stores what it persists (tpu.py:
+1487-1527, labels from Ray's own `_build_subslice_labels`) for a slice whose workers 0 and 1 sit in each other's
+places (`PLACES`): Ray keys its labels by worker number because the two need not agree, and the learner's task ids
+must follow the places. Without libtpu's SDK on the hosts, the driver reads those places back from Ray's table.
 
 Findings 3 and 4 of issue 27 fail here on main: no process got a port or bounds of its own, and two replicas could
 not share one host's chips (STRICT_SPREAD: the run waited 600 s and failed, as the last lines of
@@ -30,6 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from learner.group import with_env as learner_with_env
 from orchestration.cluster import placement
 from orchestration.cluster.launch import engine_replica_env, learner_process_env, learner_runtime_env
+from orchestration.cluster.tpu_layout import neighbours
 from orchestration.config.files import load_config
 from rollout.fleet import with_env as engine_with_env
 
@@ -40,6 +43,8 @@ V5E16 = ROOT / "configs" / "countdown_qwen2.5-7b_tpu_v5e16.yaml"
 GEMMA = ROOT / "configs" / "math_gemma3-1b_tpu_2hosts.yaml"
 SLICE = "aha-test-v5e16"
 VM = "aha-test-v5e8"
+PLACES = {0: 1, 1: 0, 2: 2, 3: 3}
+"""Worker number -> physical place (Ray's worker order) in the fake v5e-16: workers 0 and 1 swapped."""
 
 
 def tpu_labels(name: str, worker: int, topology: str, pod_type: str) -> dict[str, str]:
@@ -68,7 +73,7 @@ def tpu_cluster():
                                                                             else {})},
                              labels=tpu_labels(SLICE, w, "4x4", "v5litepod-16"))
         ray.init(address=cluster.address, log_to_driver=False)
-        discovered = {str(w): _build_subslice_labels(w, "4x4") for w in range(4)}
+        discovered = {str(w): _build_subslice_labels(PLACES[w], "4x4") for w in range(4)}
         ray.experimental.internal_kv._internal_kv_put(f"tpu_subslice/{SLICE}".encode(),
                                                       json.dumps(discovered).encode(), namespace="tpu_subslice")
         yield cluster
@@ -133,8 +138,8 @@ def release(actors: list, *groups) -> None:
 
 def test_split_host_learner_and_engine_each_run_their_own_libtpu(tpu_cluster):
     """configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml on one v5e-8 host: the learner (4 chips) and vllm-tpu (4 chips)
-    get disjoint chips from Ray and each its own port, bounds and address; the engine process inherits its
-    actor's and takes tpu-inference's LoRA-capable model path."""
+    get disjoint chips from Ray and each its own port, bounds and address (a half of a v5e-8: a 2x2 block, jax's
+    table); the engine process inherits its actor's and takes tpu-inference's LoRA-capable model path."""
     cfg = load_config(V5E8)
     [learner], [engine] = learner_probes(cfg, None), engine_probes(cfg, None)
     try:
@@ -148,7 +153,7 @@ def test_split_host_learner_and_engine_each_run_their_own_libtpu(tpu_cluster):
     assert got_learner["TPU_PROCESS_PORT"] != got_engine["TPU_PROCESS_PORT"]
     for env in (got_learner, got_engine):
         assert (env["TPU_CHIPS_PER_PROCESS_BOUNDS"], env["TPU_PROCESS_BOUNDS"], env["CLOUD_TPU_TASK_ID"]) == \
-            ("1,4,1", "1,1,1", "0")
+            ("2,2,1", "1,1,1", "0")
         assert env["TPU_PROCESS_ADDRESSES"] == f"localhost:{env['TPU_PROCESS_PORT']}"
     assert engine_process == got_engine | {"MODEL_IMPL_TYPE": "vllm"}
 
@@ -178,7 +183,11 @@ def test_two_replicas_share_one_hosts_chips(tpu_cluster):
 def test_learner_takes_a_subslice_and_engines_other_chips(tpu_cluster):
     """configs/countdown_qwen2.5-7b_tpu_v5e16.yaml: the learner's 2 processes on the 2 hosts of one 2x4 sub-slice
     of the v5e-16 (Ray's SubslicePlacementGroup), joined as one libtpu cluster; the 2 engine replicas elsewhere,
-    each its own."""
+    each its own. Ray's sub-slice 2x4 #0 is the hosts at places 0 and 1, side by side along x (Ray's own test
+    coordinates: tests/unit/test_tpu_layout.py), and process i must be the host at place i.
+
+    Fails on main at 85b20f9: there process 0 ran on worker 0 (Ray's bundle order, place 1) with task id 0, and the
+    two were declared neighbours along y (TPU_PROCESS_BOUNDS=1,2,1)."""
     cfg = load_config(V5E16, ["learner.resources.num_cpus=1", "rollout.resources.num_cpus=1"])
     pg = placement.reserve_learner(cfg)
     learners = learner_probes(cfg, pg)
@@ -192,13 +201,15 @@ def test_learner_takes_a_subslice_and_engines_other_chips(tpu_cluster):
     finally:
         release(learners + engines, pg, engines_pg)
     labels = node_labels()
-    workers = {labels[n]["ray.io/tpu-worker-id"] for n in learner_nodes}
+    places = [PLACES[int(labels[n]["ray.io/tpu-worker-id"])] for n in learner_nodes]
     assert {labels[n]["ray.io/tpu-slice-name"] for n in learner_nodes} == {SLICE}
-    assert workers in ({"0", "1"}, {"2", "3"}), workers  # a 2x4 sub-slice of the 4x4: a row of hosts
+    assert places in ([0, 1], [2, 3]), places  # process i at the i-th place of its sub-slice, whatever Ray's order
     assert [e["CLOUD_TPU_TASK_ID"] for e in learner_envs] == ["0", "1"]
     ip = ray.util.get_node_ip_address()  # every node of this cluster has the machine's address
     assert {e["TPU_PROCESS_ADDRESSES"] for e in learner_envs} == {f"{ip}:8476,{ip}:8477"}
-    assert {(e["TPU_PROCESS_BOUNDS"], e["TPU_CHIPS_PER_PROCESS_BOUNDS"]) for e in learner_envs} == {("1,2,1", "2,2,1")}
+    assert {e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in learner_envs} == {"2,2,1"}
+    [grid] = {tuple(int(v) for v in e["TPU_PROCESS_BOUNDS"].split(",")) for e in learner_envs}
+    assert neighbours(grid, (0, 1)) == "x", grid  # the two hosts are declared neighbours along x
     assert not set(engine_nodes) & set(learner_nodes)
     assert [e["TPU_PROCESS_PORT"] for e in engine_envs] == ["8478", "8479"]
     assert {e["TPU_PROCESS_BOUNDS"] for e in engine_envs} == {"1,1,1"}
@@ -211,9 +222,9 @@ def test_learner_on_a_whole_slice_takes_its_hosts(tpu_cluster):
     pg = placement.reserve_learner(cfg)
     try:
         hosts = placement.bundle_hosts(pg)
-        nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"].values()
+        nodes = placement.bundle_nodes(pg)
     finally:
         release([], pg)
     labels = node_labels()
     assert hosts == [ray.util.get_node_ip_address()] * 4
-    assert sorted(labels[n]["ray.io/tpu-worker-id"] for n in nodes) == ["0", "1", "2", "3"]
+    assert [PLACES[int(labels[n]["ray.io/tpu-worker-id"])] for n in nodes] == [0, 1, 2, 3]  # bundle i: place i

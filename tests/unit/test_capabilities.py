@@ -134,3 +134,15 @@ def test_vllm_tpu_serves_lora_only_on_its_vllm_model_path():
     line = refusal(TPU, ["rollout.backend.env={MODEL_IMPL_TYPE: flax_nnx}"])
     assert line.startswith("rollout.backend.env.MODEL_IMPL_TYPE (flax_nnx): vllm on tpu")
     assert "serves LoRA adapters only with MODEL_IMPL_TYPE=vllm" in line
+
+
+def test_sglang_jax_on_tpu_is_refused_until_setup_builds_its_env():
+    """Fails on main at 85b20f9: there ("sglang_jax", "tpu") loaded, though `scripts/setup_envs.sh --tpu` builds no
+    SGLang-JAX env, and the run failed at the engine's start. A user's own TPU env (rollout.backend.python) loads."""
+    tpu_sglang = ["rollout.backend={kind: sglang_jax, platform: tpu}", "rollout.resources.tpu=1"]
+    line = refusal(DEMO, tpu_sglang)
+    assert "rollout.backend.kind sglang_jax on platform tpu" in line and "setup_envs.sh --tpu" in line, line
+    assert "\n" not in line.strip()
+    cfg = load_config(DEMO, ["rollout.backend={kind: sglang_jax, platform: tpu, python: /opt/sgl-tpu/bin/python}",
+                             "rollout.resources.tpu=1"])
+    assert cfg.rollout.backend.kind == "sglang_jax"

@@ -21,7 +21,7 @@ def aha(*args: str) -> subprocess.CompletedProcess:
 def test_aha_help_lists_every_command():
     proc = aha("--help")
     assert proc.returncode == 0, proc.stderr
-    assert all(f"  {name} " in proc.stdout for name in ("train", "serve", "eval", "preflight", "prepare-model"))
+    assert all(f"  {name} " in proc.stdout for name in ("train", "serve", "eval", "preflight", "prepare-model", "tpu-check"))
     unknown = aha("bogus")
     assert unknown.returncode == 2 and "unknown command 'bogus'" in unknown.stderr
 

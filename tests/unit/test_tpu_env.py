@@ -23,6 +23,7 @@ from orchestration.cluster import tpu_env
 from orchestration.cluster.launch import engine_replica_env, learner_process_env, learner_runtime_env
 from orchestration.config.files import load_config
 from orchestration.cluster.tpu_env import Topology, engine_envs, isolated_env, learner_envs, subslice_env
+from orchestration.cluster.tpu_layout import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 V5E8 = ROOT / "configs" / "countdown_qwen2.5-1.5b_tpu_v5e8.yaml"
@@ -43,8 +44,14 @@ def tpu_inference_dp_isolation(chips_per_rank: int, dp_rank: int) -> dict[str, s
 @pytest.mark.parametrize("chips", tpu_env.VALID_CHIPS)
 @pytest.mark.parametrize("slot", [0, 3])
 def test_isolated_process_has_tpu_inferences_own_isolation_variables(chips, slot):
-    env = isolated_env(chips, tpu_env.BASE_PORT + slot)
-    assert {k: env[k] for k in tpu_inference_dp_isolation(chips, slot)} == tpu_inference_dp_isolation(chips, slot)
+    """Port, address, process bounds and task id as tpu-inference isolates a runtime; the chip bounds of a share
+    are tested against jax's tables (tests/unit/test_tpu_layout.py), and agree with tpu-inference's for 1 and 2."""
+    env = isolated_env(chips, tpu_env.BASE_PORT + slot, "v5e")
+    theirs = tpu_inference_dp_isolation(chips, slot)
+    chip_bounds = theirs.pop("TPU_CHIPS_PER_PROCESS_BOUNDS")
+    assert {k: env[k] for k in theirs} == theirs
+    if chips in (1, 2):
+        assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == chip_bounds
 
 
 def ray_sets(chip_ids: list[str], monkeypatch) -> dict[str, str]:
@@ -89,30 +96,45 @@ RAY_WORKER_GRIDS = {**ray_tpu._VALID_TOPOLOGY_WORKER_DIMS_2D, **ray_tpu._VALID_T
 
 
 @pytest.mark.parametrize("shape", sorted(RAY_WORKER_GRIDS))
-def test_host_grid_is_rays_worker_grid(shape):
-    """Ray's sub-slice placement lays hosts out as its worker-dims tables (in the topology string's order); the
-    learner's process grid must be the same grid."""
+def test_host_grid_has_rays_numbers_in_the_names_order(shape):
+    """Ray's worker tables and libtpu's host grid give the same numbers per position of the name; Ray calls those
+    positions (y, x) / (z, y, x) and libtpu (x, y) / (x, y, z) (tests/unit/test_tpu_layout.py shows which wins)."""
     dims = tuple(int(d) for d in shape.split("x"))
     assert Topology("v5e" if len(dims) == 2 else "v4", dims).host_grid() == RAY_WORKER_GRIDS[shape]
 
 
 def test_subslice_processes_share_addresses_and_differ_in_task_id():
-    envs = learner_envs("v5e:2x4", 2, 4, ["10.0.0.5", "10.0.0.6"])
+    named = Topology.parse("v5e:2x4").named_hosts()
+    envs = learner_envs("v5e:2x4", 2, 4, ["10.0.0.5", "10.0.0.6"], named)
     assert [e["CLOUD_TPU_TASK_ID"] for e in envs] == ["0", "1"]
     assert {e["TPU_PROCESS_ADDRESSES"] for e in envs} == {"10.0.0.5:8476,10.0.0.6:8477"}
     assert [e["TPU_PROCESS_PORT"] for e in envs] == ["8476", "8477"]
-    assert {(e["TPU_PROCESS_BOUNDS"], e["TPU_CHIPS_PER_PROCESS_BOUNDS"]) for e in envs} == {("1,2,1", "2,2,1")}
-    with pytest.raises(ValueError, match="spans 2 hosts but 3"):
-        subslice_env(Topology.parse("v5e:2x4"), 0, ["a:1", "b:2", "c:3"])
+    assert {e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in envs} == {"2,2,1"}
+    with pytest.raises(ValueError, match="2 learner hosts were placed but 3"):
+        subslice_env(layout(named), 0, ["a:1", "b:2", "c:3"])
+    with pytest.raises(ValueError, match="has 8 chips but the placed hosts hold 16"):
+        learner_envs("v5e:2x4", 4, 4, ["a", "b", "c", "d"], Topology.parse("v5e:4x4").named_hosts())
 
 
 def test_every_tpu_process_of_a_run_has_its_own_port():
     for learner_hosts, replicas in [(1, 1), (1, 2), (2, 2), (2, 4)]:
         ips = [f"10.0.0.{i}" for i in range(learner_hosts)]
         topology = "v5e:2x2" if learner_hosts == 1 else f"v5e:2x{2 * learner_hosts}"
-        envs = learner_envs(topology, learner_hosts, 4, ips) + engine_envs(replicas, 4, learner_hosts)
+        chips = Topology.parse(topology).named_hosts() if learner_hosts > 1 else None
+        envs = learner_envs(topology, learner_hosts, 4, ips, chips) + engine_envs(replicas, 4, learner_hosts)
         ports = [e["TPU_PROCESS_PORT"] for e in envs]
         assert len(set(ports)) == len(ports), ports
+        metrics = [e["TPU_RUNTIME_METRICS_PORTS"] for e in envs]
+        assert len(set(metrics + ports)) == 2 * len(ports), (metrics, ports)
+
+
+def test_each_tpu_process_serves_libtpus_metrics_on_its_own_port():
+    """Fails on main at 85b20f9: no process got TPU_RUNTIME_METRICS_PORTS there, so the learner and vllm-tpu of the
+    split v5e-8 config both served libtpu's runtime metrics on its default 8431."""
+    cfg = load_config(V5E8)
+    [learner], [engine] = learner_process_env(cfg, None), engine_replica_env(cfg)
+    assert learner["TPU_RUNTIME_METRICS_PORTS"] == str(tpu_env.METRICS_BASE_PORT)
+    assert engine["TPU_RUNTIME_METRICS_PORTS"] == str(tpu_env.METRICS_BASE_PORT + 1)
 
 
 def test_off_tpu_no_process_gets_tpu_variables():
@@ -120,12 +142,13 @@ def test_off_tpu_no_process_gets_tpu_variables():
 
 
 def test_the_split_host_config_gives_learner_and_engine_separate_runtimes():
-    """configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml: learner chips 0-3, vllm-tpu 4-7 of one host."""
+    """configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml: learner chips 0-3, vllm-tpu 4-7 of one host, each half a 2x2
+    block (jax's v5e table; tests/unit/test_tpu_layout.py)."""
     cfg = load_config(V5E8)
     [learner], [engine] = learner_process_env(cfg, None), engine_replica_env(cfg)
     assert learner["TPU_PROCESS_PORT"] != engine["TPU_PROCESS_PORT"]
     for env in (learner, engine):
-        assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,4,1" and env["TPU_PROCESS_BOUNDS"] == "1,1,1"
+        assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,2,1" and env["TPU_PROCESS_BOUNDS"] == "1,1,1"
         assert env["TPU_PROCESS_ADDRESSES"] == f"localhost:{env['TPU_PROCESS_PORT']}"
 
 
