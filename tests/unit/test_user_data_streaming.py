@@ -18,7 +18,10 @@ import pytest
 
 ROWS = 20_000
 FILLER = 8000  # characters a row: 20k rows make a ~150 MB file
-BOUND_MB = 16
+# Growth allowed while reading: a reader that kept the rows would grow by about the file's 150 MB. Reading a JSONL
+# epoch grew private memory by 17 to 33 MB on one 2-core box (the allocator's free lists and arenas: the same
+# commit measured both), so a 16 MB bound failed there by chance; 40 MB is still far below a kept file.
+BOUND_MB = 40
 """What the reader may keep (the offset index, one batch of prompts, the Parquet row-group cache) is below this.
 Measured 2026-11-26 (this test, quiet box): JSONL 4.5 MB, Parquet 9.5 MB, saved folder 6.6 MB over a 153 MB file."""
 
@@ -93,6 +96,6 @@ def test_a_file_much_larger_than_what_is_kept_is_streamed(big_files, kind, draws
     grew = report["peak"] - report["start"]
     print(f"{kind}: private memory grew {grew:.1f} MB reading {min(draws, ROWS)} rows of a {size_mb:.0f} MB file")
     assert report["rows"] == ROWS and report["seen"] == min(draws, ROWS)
-    assert size_mb > 8 * BOUND_MB, f"the {kind} file ({size_mb:.0f} MB) must be much larger than the bound"
+    assert size_mb > 3 * BOUND_MB, f"the {kind} file ({size_mb:.0f} MB) must be much larger than the bound"
     assert grew < BOUND_MB, (f"{kind}: private memory grew {grew:.0f} MB while reading a {size_mb:.0f} MB file: "
                              "the reader keeps rows it should drop (or read the file whole)")
