@@ -60,7 +60,22 @@ def become(uid: int, gid: int, paths: list[str]) -> list[str]:
         if os.access(path, os.R_OK | os.X_OK):  # reachable by its own path: keep that one
             os.close(fd)
             del held[path]
-    return [f"/proc/self/fd/{held[p]}" if p in held else p for p in paths]
+    via = {path: f"/proc/self/fd/{fd}" for path, fd in sorted(held.items(), key=lambda kv: -len(kv[0]))}
+    # Packages imported already (the stdlib's, pydantic's) find their submodules through __path__, not sys.path.
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if isinstance(search, list):
+            search[:] = [_through(entry, via) for entry in search]
+    sys.path_importer_cache.clear()
+    return [_through(path, via) for path in paths]
+
+
+def _through(path: str, via: dict[str, str]) -> str:
+    """`path`, reached through the held folder that contains it, if one does."""
+    for folder, fd_path in via.items():
+        if path == folder or path.startswith(folder + os.sep):
+            return fd_path + path[len(folder):]
+    return path
 
 
 def task_count(uid: int) -> int:

@@ -140,6 +140,11 @@ def escape(prompts, completions, **kwargs):
             done.append(0.0)
     return done
 
+def lazy_imports(prompts, completions, **kwargs):
+    """Submodules of packages the worker imported before it switched user (multiprocessing, zoneinfo via pydantic)."""
+    import multiprocessing.pool, zoneinfo._common, json.tool
+    return [1.0] * len(completions)
+
 def limits(prompts, completions, **kwargs):
     import resource
     names = ("RLIMIT_DATA", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE")
@@ -302,6 +307,15 @@ def test_a_setsid_grandchild_dies_with_its_worker_and_with_the_pool(workdir, kin
         else:
             assert outcome.values == [grandchild] and _alive(grandchild)
     assert not _alive(grandchild) and not leftovers(pool), f"pid {grandchild} outlived the pool ({kind})"
+
+
+def test_a_reward_imports_from_folders_its_user_cannot_reach(workdir) -> None:
+    """As root the worker runs as nobody, while the driver's Python (here under /root, mode 0700) is not nobody's to
+    read: the folders of sys.path and the packages imported before the switch are reached through file descriptors
+    opened before it. Fails without that (ModuleNotFoundError for multiprocessing.pool as nobody)."""
+    with rewards({"fn": "user_rewards:lazy_imports"}) as rs:
+        result = rs.score(samples(["a"]))
+    assert result.per_name["lazy_imports"] == [1.0], result.errors
 
 
 def test_as_root_a_worker_cannot_raise_its_limits_signal_the_driver_or_write_the_run_directory(workdir) -> None:
