@@ -16,6 +16,7 @@ worker's container, and replaces a worker that died.
 from __future__ import annotations
 
 import asyncio
+import decimal
 import importlib
 import inspect
 import json
@@ -24,6 +25,7 @@ import numbers
 import os
 import signal
 import sys
+from collections.abc import Iterable, Mapping, Set
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -113,23 +115,56 @@ async def _wait(awaitable):
 
 
 def check_values(out: Any, size: int) -> tuple[list[float | None], str | None]:
-    """The call's rewards as floats or None; NaN counts as None, as TRL's nansum treats it. Else a problem line."""
-    if not isinstance(out, (list, tuple)):
-        return [], f"returned {type(out).__name__}, not a list of {size} floats"
-    if len(out) != size:
-        return [], f"returned {len(out)} values for {size} completions"
+    """The call's rewards as floats or None, or a problem line: what TRL's GRPOTrainer takes, scored as it scores it.
+
+    TRL (`_calculate_rewards`) iterates the result, turns None into NaN and hands the list to
+    `torch.tensor(..., dtype=float32)`, stored as one column of the batch's rewards; NaN is left out of the sum
+    (nansum). So it takes any flat iterable of one number per completion: a list, tuple, generator, range,
+    array.array, a 1-D numpy array or pandas Series or torch tensor, of ints, floats, bools, numpy or torch
+    scalars, Fractions, Decimals, or None/NaN; and it fails on a scalar, a string, complex numbers, nested lists
+    or an (N, 1) array, and on 0-d numpy arrays inside a list. Here those fail too, as `invalid` with this line.
+    Refused as well, though TRL lets them through by accident: a dict or set (TRL iterates its keys), bytes (their
+    byte values), one value or a (1, N) array for N completions (broadcast to all), and an infinity (TRL's
+    advantages turn NaN). Values stay float64 (TRL rounds to float32)."""
+    if isinstance(out, (str, bytes, bytearray, Mapping, Set)) or not isinstance(out, Iterable):
+        return [], f"returned {type(out).__name__}, not one number (or None) per completion ({size})"
+    ndim = getattr(out, "ndim", 1)
+    if ndim != 1:
+        return [], f"returned a {ndim}-dimensional {type(out).__name__}, not a flat sequence of {size} numbers"
+    try:
+        items = list(out)
+    except TypeError as exc:
+        return [], f"returned {type(out).__name__} that cannot be iterated ({exc})"
+    if len(items) != size:
+        return [], f"returned {len(items)} values for {size} completions"
     values: list[float | None] = []
-    for i, value in enumerate(out):
-        if value is None:
-            values.append(None)
-            continue
-        if not isinstance(value, numbers.Real):
-            return [], f"value {i} is {type(value).__name__} {str(value)[:40]!r}, not a number or None"
-        value = float(value)
-        if math.isinf(value):
-            return [], f"value {i} is {value}"
-        values.append(None if math.isnan(value) else value)
+    for i, item in enumerate(items):
+        value, problem = _number(item)
+        if problem:
+            return [], f"value {i} is {type(item).__name__} {str(item)[:40]!r}: {problem}"
+        values.append(value)
     return values, None
+
+
+def _number(item: Any) -> tuple[float | None, str | None]:
+    """One reward as TRL's float32 tensor reads it: (the value, None for None/NaN) or (None, what is wrong)."""
+    if item is None:
+        return None, None
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(item, numpy.ndarray):  # torch.tensor refuses these inside a list
+        return None, "a numpy array, not a number or None (return value.item())"
+    if not isinstance(item, (numbers.Real, decimal.Decimal)) and getattr(item, "ndim", None) == 0 \
+            and callable(getattr(item, "item", None)):  # a numpy scalar (np.bool_ too) or a 0-d torch tensor
+        item = item.item()
+    if not isinstance(item, (numbers.Real, decimal.Decimal)):
+        return None, "not a number or None"
+    try:
+        value = float(item)
+    except (OverflowError, ValueError) as exc:
+        return None, str(exc)
+    if math.isinf(value):
+        return None, "an infinity (it would make the group's advantages NaN)"
+    return (None if math.isnan(value) else value), None
 
 
 def _describe(exc: BaseException) -> str:

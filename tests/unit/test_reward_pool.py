@@ -339,8 +339,8 @@ def test_as_root_a_worker_cannot_raise_its_limits_signal_the_driver_or_write_the
 
 @pytest.mark.parametrize("name, message", [
     ("wrong_length", "returned 1 values for 2 completions"),
-    ("not_numbers", "value 0 is str 'high', not a number or None"),
-    ("infinite", "value 0 is inf"),
+    ("not_numbers", "value 0 is str 'high': not a number or None"),
+    ("infinite", "value 0 is float 'inf': an infinity"),
 ])
 def test_a_reward_that_returns_no_list_of_numbers_fails_as_invalid(workdir, name, message) -> None:
     with rewards({"fn": f"user_rewards:{name}"}) as rs:
