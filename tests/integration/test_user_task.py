@@ -64,8 +64,11 @@ def gil_loop(prompts, completions, **kwargs):
 '''
 HANGS = ("fork_bomb", "pause_ignoring_sigterm", "gil_loop")
 EXAMPLE = "examples.your_own_task.my_rewards"
-# The daemon comes first: calls go out in term order, so both its calls have forked before a fork bomb (which takes
-# every task the pool may run, until its timeout) starts; 2 workers, 2 s timeout: each hang costs 2 s a scoring.
+# The daemon comes first: calls go out in term order, and a fork bomb takes every task the pool's user may run until
+# its timeout, so the daemon must have forked before the bomb starts. With 3 workers the bomb's first call goes out
+# only after 8 calls have answered, one `exits` crash among them, whose worker the pool restarts before the next
+# call (about 0.4 s here); the daemon forks within milliseconds of its call. 2 s timeout: the 6 hanging calls of a
+# scoring cost two rounds of 2 s.
 TERMS = ('rewards.terms=[{fn: "hostile_rewards:daemon"}, '
          f'{{fn: "{EXAMPLE}:correct_answer"}}, {{fn: "{EXAMPLE}:brevity", weight: 0.5, params: {{max_chars: 8}}}}, '
          + ", ".join(f'{{fn: "hostile_rewards:{name}"}}' for name in ("raises", "exits", *HANGS)) + "]")
@@ -75,7 +78,8 @@ and the fork bomb's task bound is not shared with another test's pool (rewards.p
 STEPS = 3
 TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "train.prompts_per_step=2", f"train.steps={STEPS}",
         "learner.grpo.micro_batch_size=8", "eval.every=2", "eval.prompts=4", "eval.k=2", TERMS,
-        "rewards.pool.timeout_s=2", "rewards.pool.max_tasks=16", f"rewards.pool.user={POOL_USER}"]
+        "rewards.pool.workers=3", "rewards.pool.timeout_s=2", "rewards.pool.max_tasks=16",
+        f"rewards.pool.user={POOL_USER}"]
 
 
 @pytest.fixture(scope="module")
