@@ -30,6 +30,8 @@ TOKEN_VAR = "AHA_REWARD_POOL"
 """Environment variable every worker (and what it starts) carries: the pool's token."""
 KILL_WAIT_S = 10.0
 """Longest a kill waits for the members to be gone (a process in uninterruptible sleep can take a while)."""
+SETTLE_S = 5.0
+"""Longest `settle` waits for killed processes to be reaped."""
 _counter = iter(range(1 << 30))
 
 
@@ -56,16 +58,17 @@ class Containment:
     def started(self, slot: int, pid: int) -> None:
         self.slots[slot] = pid
 
-    def kill(self, slot: int) -> None:
-        """SIGKILL worker `slot` and everything it started; return once they are gone."""
+    def kill(self, slot: int) -> set[int]:
+        """SIGKILL worker `slot` and everything it started; return once none runs, with the pids killed (`settle`
+        waits for them to be reaped)."""
         pid = self.slots.pop(slot, None)
         mark = f"{TOKEN_VAR}={self.token}:{slot}".encode()
-        _kill_until_empty(lambda: members([pid] if pid else [], lambda entry: entry == mark))
+        return _kill_until_empty(lambda: members([pid] if pid else [], lambda entry: entry == mark))
 
-    def kill_all(self) -> None:
+    def kill_all(self) -> set[int]:
         roots, prefix = list(self.slots.values()), f"{TOKEN_VAR}={self.token}:".encode()
-        _kill_until_empty(lambda: members(roots, lambda entry: entry.startswith(prefix)))
         self.slots.clear()
+        return _kill_until_empty(lambda: members(roots, lambda entry: entry.startswith(prefix)))
 
     def describe(self) -> str:
         return "a subreaper per worker and the pool's token (no writable cgroup)"
@@ -80,14 +83,15 @@ class Containment:
         os.close(read)
         self._keeper_pipe = write  # never inherited (PEP 446): only this process holds it
 
-    def close(self) -> None:
-        """Kill every member, remove the container, stop the keeper (idempotent)."""
-        self.kill_all()
+    def close(self) -> set[int]:
+        """Kill every member, remove the container, stop the keeper (idempotent); the pids killed."""
+        killed = self.kill_all()
         self._remove()
         if self._keeper is not None:
             os.close(self._keeper_pipe)
             self._keeper.wait()
             self._keeper = None
+        return killed
 
     def _remove(self) -> None:
         return None
@@ -107,14 +111,13 @@ class CgroupV2(Containment):
         group.mkdir()
         return {"cgroup": str(group)}
 
-    def kill(self, slot: int) -> None:
+    def kill(self, slot: int) -> set[int]:
         self.slots.pop(slot, None)
-        _kill_group(self.path / f"w{slot}", self.kind)
+        return _kill_group(self.path / f"w{slot}", self.kind)
 
-    def kill_all(self) -> None:
-        for group in _children(self.path):
-            _kill_group(group, self.kind)
+    def kill_all(self) -> set[int]:
         self.slots.clear()
+        return set().union(*(_kill_group(group, self.kind) for group in _children(self.path)))
 
     def describe(self) -> str:
         return f"cgroup v2 {self.path}"
@@ -186,33 +189,50 @@ def _children(path: Path) -> list[Path]:
     return []
 
 
-def _kill_group(group: Path, kind: str) -> None:
-    """Kill every member of `group`, wait until it is empty, remove it."""
-    if not group.exists():
-        return
+def _kill_group(group: Path, kind: str) -> set[int]:
+    """Kill every member of `group`, wait until it is empty, remove it; the pids killed."""
+    procs = group / "cgroup.procs"
+    try:
+        seen = {int(p) for p in procs.read_text().split()}
+    except FileNotFoundError:
+        return set()
     if kind == "cgroup2":
         (group / "cgroup.kill").write_text("1")
-    _kill_until_empty(lambda: {int(p) for p in (group / "cgroup.procs").read_text().split()},
-                      signal_them=kind != "cgroup2")
+    seen |= _kill_until_empty(lambda: {int(p) for p in procs.read_text().split()}, signal_them=kind != "cgroup2")
     with contextlib.suppress(OSError):  # still busy after KILL_WAIT_S: left behind, empty or not
         group.rmdir()
+    return seen
 
 
-def _kill_until_empty(find, signal_them: bool = True) -> None:
-    """SIGKILL whatever `find()` returns, again and again, until it returns nothing (or KILL_WAIT_S passes)."""
+def _kill_until_empty(find, signal_them: bool = True) -> set[int]:
+    """SIGKILL whatever `find()` returns, again and again, until it returns nothing (or KILL_WAIT_S passes); every
+    pid it returned."""
+    seen: set[int] = set()
     deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline:
         try:
             pids = find()
         except FileNotFoundError:
-            return
+            break
         if not pids:
-            return
+            break
+        seen |= pids
         if signal_them:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
+    return seen
+
+
+def settle(pids: set[int], timeout_s: float = SETTLE_S) -> None:
+    """Wait (up to `timeout_s`) until the killed `pids` are reaped: a zombie still counts against its user's
+    RLIMIT_NPROC, so a fork right after a fork bomb's kill would fail (EAGAIN) until init has reaped its copies."""
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if os.path.exists(f"/proc/{pid}")}
+        if pids:
+            time.sleep(0.01)
 
 
 def members(roots: list[int], marked) -> set[int]:

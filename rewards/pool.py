@@ -45,7 +45,7 @@ from typing import Any
 
 from rewards.config import RewardPoolConfig
 from rewards.confinement import task_count
-from rewards.containment import Containment, setup_containment
+from rewards.containment import Containment, settle, setup_containment
 from rewards.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,9 @@ class _Worker:
     def kill(self) -> None:
         """SIGKILL the worker and everything it started (its container slot); reap it."""
         self.killed = True
-        self.box.kill(self.slot)
-        self.close()
+        killed = self.box.kill(self.slot)
+        self.close()  # reaps the worker, whose dead children then go to init to be reaped
+        settle(killed)
 
     def close(self) -> None:
         self.proc.wait()
@@ -255,11 +256,12 @@ class RewardPool:
 
     def close(self) -> None:
         """Kill every worker and all they started, remove the container (idempotent)."""
-        self._finalizer()
+        killed = self._finalizer() or set()
         for worker in self._workers:
             worker.killed = True
             worker.close()
         self._workers = []
+        settle(killed)
 
     def __enter__(self) -> RewardPool:
         return self

@@ -234,6 +234,11 @@ def test_hostile_rewards_fail_their_calls_while_scoring_goes_on(workdir) -> None
     assert all(proc.poll() is not None for proc in live), "closing the set must end its workers"
 
 
+FORK_UID = 60000 + os.getpid() % 5000
+"""The workers' uid (as root) in the tests whose rewards fork: RLIMIT_NPROC counts per user, so a fork bomb in another
+pytest process on this box (whose pools run as nobody, or as its own such uid) cannot starve their forks."""
+
+
 def leftovers(pool) -> set[int]:
     """Live processes that carry the pool's token: its workers and whatever they started (rewards/containment.py)."""
     prefix = f"{TOKEN_VAR}={pool.box.token}:".encode()
@@ -246,17 +251,20 @@ def test_a_reward_that_never_answers_is_killed_with_all_it_started(workdir, name
     the worker and every process it started are killed, and the pool scores on. The fork bomb is bounded by
     RLIMIT_NPROC (rewards.pool.max_tasks) and refuses to start where it finds no bound, so the test cannot take the
     box. Fails on main at 85b20f9 for the fork bomb (no task limit: it refuses, `raised`, where a bound pool times
-    out). The `ok` calls beside it must answer within the 4 s timeout: milliseconds of work."""
-    with rewards({"fn": f"user_rewards:{name}"}, {"fn": "user_rewards:ok"},
-                 pool={"workers": 2, "timeout_s": 4, "max_tasks": 16}) as rs:
-        result = rs.score(samples(["a", "b"]))
-        assert result.failures["timeout"] == 1 and result.errors[0].startswith(f"reward {name} failed (timeout)"), \
-            result.errors
-        assert result.per_name["ok"] == [1.0, 1.0]
-        assert len(leftovers(rs.pool)) == 2, "only the two workers may be left after the kill"
-        again = rs.pool.run([Call(1, {"prompts": ["p"], "completions": ["c"]})])[0]  # `ok` alone
-        assert again.values == [1.0], "the pool scores on after the kill"
-    assert not leftovers(rs.pool), "the closed pool left processes behind"
+    out). The `ok` calls beside it must answer within the 4 s timeout: milliseconds of work. Right after the kill
+    a reward can fork again: the killed copies no longer count against the task bound (they were reaped; before
+    rewards.containment.settle waited for that, the fork failed with EAGAIN after a fork bomb)."""
+    fns = {0: f"user_rewards:{name}", 1: "user_rewards:ok", 2: "user_rewards:daemon"}
+    one, two = ({"prompts": ["p"] * n, "completions": ["c"] * n} for n in (1, 2))
+    with RewardPool(fns, fns, RewardPoolConfig(workers=2, timeout_s=4, max_tasks=16, user=FORK_UID)) as pool:
+        hang, ok = pool.run([Call(0, two), Call(1, two)])
+        assert hang.kind == "timeout" and "no answer within 4 s" in hang.message, (hang.kind, hang.message)
+        assert ok.values == [1.0, 1.0]
+        assert len(leftovers(pool)) == 2, "only the two workers may be left after the kill"
+        assert pool.run([Call(1, one)])[0].values == [1.0], "the pool scores on after the kill"
+        forked = pool.run([Call(2, one)])[0]  # `daemon`: it forks
+        assert forked.kind is None, f"a fork right after the kill failed: {forked.message}"
+    assert not leftovers(pool), "the closed pool left processes behind"
 
 
 def test_a_segfault_is_a_crash_and_the_worker_is_replaced(workdir) -> None:
@@ -299,7 +307,8 @@ def test_a_setsid_grandchild_dies_with_its_worker_and_with_the_pool(workdir, kin
     machine gives (each kind tested here; this box and CI have all three), it dies with the pool when the pool
     closes ("return"), and with its worker when the worker dies on its own ("exit": os._exit, the pool replaces it).
     Fails on main at 85b20f9 (the grandchild escaped the process-group kill and lived on)."""
-    with RewardPool({0: "user_rewards:daemon"}, {0: "daemon"}, RewardPoolConfig(workers=1), containment=kind) as pool:
+    cfg = RewardPoolConfig(workers=1, user=FORK_UID)
+    with RewardPool({0: "user_rewards:daemon"}, {0: "daemon"}, cfg, containment=kind) as pool:
         outcome = pool.run([Call(0, {"prompts": ["p"], "completions": ["a"], "then": then})])[0]
         grandchild = int((workdir / "out" / "daemon.pid").read_text())
         if then == "exit":
@@ -394,8 +403,8 @@ DRIVER = """
 import sys
 from rewards.config import RewardPoolConfig
 from rewards.pool import Call, RewardPool
-pool = RewardPool({0: "user_rewards:daemon"}, {0: "daemon"}, RewardPoolConfig(workers=1, timeout_s=1000),
-                  containment=sys.argv[1])
+pool = RewardPool({0: "user_rewards:daemon"}, {0: "daemon"},
+                  RewardPoolConfig(workers=1, timeout_s=1000, user=int(sys.argv[2])), containment=sys.argv[1])
 print(pool._workers[0].proc.pid, flush=True)
 pool.run([Call(0, {"prompts": ["p"], "completions": ["c"], "then": "sleep"})])
 """
@@ -408,8 +417,8 @@ def test_workers_and_all_they_started_die_with_a_killed_driver(workdir, kind) ->
     grandchild lived on)."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DRIVER), kind], cwd=workdir, env=env,
-                              stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DRIVER), kind, str(FORK_UID)], cwd=workdir,
+                              env=env, stdout=subprocess.PIPE, text=True)
     worker = int(driver.stdout.readline())
     pid_file = workdir / "out" / "daemon.pid"
     deadline = time.monotonic() + 60
