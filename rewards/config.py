@@ -77,6 +77,21 @@ class RewardPoolConfig(Strict):
     memory_mb: int = Field(2048, ge=64)
     """Memory limit of each worker (RLIMIT_DATA: heap and anonymous mappings, imports included); a call that runs
     past it fails as `memory` and the worker is replaced."""
+    max_tasks: int = Field(64, ge=4)
+    """Processes and threads the workers and everything they start may run together (RLIMIT_NPROC, and pids.max
+    where the pool has a cgroup v1): past it, a fork or a new thread fails (EAGAIN), so a fork bomb stays small.
+    RLIMIT_NPROC counts per user: as root the workers run as `user`, and the bound is that user's tasks when the pool
+    starts plus this; otherwise it is your own user's tasks then plus this (what you start later counts too)."""
+    max_file_mb: int = Field(1024, ge=1)
+    """Largest file a worker may write (RLIMIT_FSIZE); a write past it fails (EFBIG)."""
+    max_open_files: int = Field(256, ge=32)
+    """Files and sockets a worker may hold open at once (RLIMIT_NOFILE)."""
+    user: str | int = "nobody"
+    """When the driver runs as root: the user (a name or a number) the workers run as, so that a reward cannot
+    raise its own limits, signal the driver or write the run directory. It must be able to read the files your
+    reward reads by path, and the folders of the Python path and the working directory themselves (their parents
+    need not be reachable: the worker opens those folders before it switches). "root" keeps root and gives up
+    those three guarantees. Ignored when the driver is not root (the workers run as its user)."""
 
 
 class RewardsConfig(Strict):

@@ -1,13 +1,23 @@
 """RewardPool: run the user's reward functions (config `fn:` terms) in worker processes, never in the driver.
 
-A user's scorer reads hostile model output and may itself be buggy; whatever one call does, the run goes on:
+A user's scorer reads hostile model output and may itself be buggy or hostile; whatever one call does, the run goes
+on, and nothing it started outlives it:
 - raises (or returns something other than a list of numbers): the call fails as `raised` / `invalid`;
-- hangs past `timeout_s`: its worker's process group is SIGKILLed and replaced, the call fails as `timeout`;
+- hangs past `timeout_s` (a sleep, `signal.pause` with SIGTERM ignored, a C loop that holds the GIL, a fork bomb
+  spinning at its task bound): the worker and everything it started are SIGKILLed and the worker replaced, the
+  call fails as `timeout`;
 - exits its process (`os._exit`, a segfault, the OOM killer): the call fails as `crash`, the worker is replaced;
 - allocates past `memory_mb` (RLIMIT_DATA in the worker): MemoryError, the call fails as `memory`, the worker is
-  replaced (it may be half-broken).
+  replaced (it may be half-broken);
+- sends a reply over MAX_REPLY_BYTES (or not JSON): `invalid`, the worker is replaced;
+- floods its stderr: the pool logs at most so much per call (rewards/worker_log.py).
 The caller (rewards/registry.py RewardSet) scores a failed call's samples per `rewards.on_error` and counts the
 kinds. Calls are spread over the idle workers, so the groups of one step are scored in parallel.
+
+Every worker lives in the pool's container (rewards/containment.py: a cgroup where the machine allows one), so a
+killed or crashed worker takes all it started with it (a `setsid` daemon too), and so does a closed pool, or a
+driver that dies. Each worker confines itself before it runs user code (rewards/confinement.py): task, file-size,
+open-file and memory limits, and an unprivileged user when the driver is root.
 
 Workers are `python -m rewards.worker` subprocesses, not multiprocessing or Ray workers: they start from nothing
 (no fork of a driver that holds Ray and JAX threads), with the driver's sys.path and working directory, so a reward
@@ -20,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -31,6 +42,11 @@ from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from rewards.config import RewardPoolConfig
+from rewards.confinement import task_count
+from rewards.containment import Containment, settle, setup_containment
+from rewards.worker_log import WorkerLog
 
 log = logging.getLogger(__name__)
 
@@ -70,44 +86,62 @@ class Outcome:
 
 
 class _Worker:
-    """One worker process and the driver's end of its pipe."""
+    """One worker process, the driver's end of its pipe, and the thread that logs its stderr."""
 
-    def __init__(self, init: dict[str, Any]):
+    def __init__(self, init: dict[str, Any], box: Containment, slot: int):
+        self.box, self.slot = box, slot
+        self.as_whom = "" if init["user"] is None else (
+            f", by uid {init['user'][0]}: the driver is root, so the workers run as rewards.pool.user, which needs "
+            "read access to the module's folder (chmod o+rx) and files")
         self.conn, child = Pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(init["sys_path"])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(init["sys_path"]), **box.env(slot)}
         for name in THREAD_VARS:  # one call at a time: a scorer's math library needs no thread per core
             env.setdefault(name, "1")
+        join = box.join(slot)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rewards.worker", str(child.fileno()), str(os.getpid())],
-            pass_fds=(child.fileno(),), env=env, cwd=os.getcwd(), start_new_session=True, stdin=subprocess.DEVNULL)
+            [sys.executable, "-m", "rewards.worker", str(child.fileno())], pass_fds=(child.fileno(),), env=env,
+            cwd=os.getcwd(), start_new_session=True, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         child.close()
-        self.conn.send(init)
+        box.started(slot, self.proc.pid)
+        self.exited = os.pidfd_open(self.proc.pid)  # readable once the worker has exited
+        self.log = WorkerLog(os.dup(self.proc.stderr.fileno()), self.proc.pid)
+        self.proc.stderr.close()
+        self.conn.send({**init, "join": join})
         self.killed = False
 
     def wait_ready(self, where: dict[int, str]) -> None:
         """Block until the worker has imported every function; RewardImportError names the one that failed."""
-        if not self.conn.poll(START_TIMEOUT_S):
+        if not wait([self.conn, self.exited], START_TIMEOUT_S):
             self.kill()
             raise RuntimeError(f"a reward worker did not start within {START_TIMEOUT_S:.0f} s (importing the reward "
                                "modules); check that they import quickly")
         try:
+            if not self.conn.poll():
+                raise EOFError
             reply = json.loads(self.conn.recv_bytes(MAX_REPLY_BYTES))
         except (EOFError, OSError):
-            raise RuntimeError(f"a reward worker died while starting ({self.exit_line()}); its log is on stderr")
+            line = self.exit_line()
+            self.log.join(2.0)
+            raise RuntimeError(f"a reward worker died while starting ({line}); its last line: {self.log.last!r}")
         if "import_error" in reply:
             self.kill()
             key = int(reply["import_error"])
             raise RewardImportError(f"{where[key]}: cannot load it: {reply['message']}; it must be importable from "
-                                    f"PYTHONPATH or the working directory ({os.getcwd()})")
+                                    f"PYTHONPATH or the working directory ({os.getcwd()}){self.as_whom}")
 
     def kill(self) -> None:
+        """SIGKILL the worker and everything it started (its container slot); reap it."""
         self.killed = True
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: any children it started go too
-        except (ProcessLookupError, PermissionError):
-            pass
+        killed = self.box.kill(self.slot)
+        self.close()  # reaps the worker, whose dead children then go to init to be reaped
+        settle(killed)
+
+    def close(self) -> None:
         self.proc.wait()
         self.conn.close()
+        if self.exited >= 0:
+            os.close(self.exited)
+            self.exited = -1
 
     def exit_line(self) -> str:
         try:
@@ -121,21 +155,28 @@ class _Worker:
 
 
 class RewardPool:
-    """`workers` processes that run the functions `fns` ({key: "package.module:function"}) call by call."""
+    """`cfg.workers` processes that run the functions `fns` ({key: "package.module:function"}) call by call.
 
-    def __init__(self, fns: dict[int, str], where: dict[int, str], workers: int = 2, timeout_s: float = 30.0,
-                 memory_mb: int = 2048):
-        self.timeout_s = timeout_s
+    `containment` picks the container (rewards/containment.py): "auto" takes the strongest this machine offers."""
+
+    def __init__(self, fns: dict[int, str], where: dict[int, str], cfg: RewardPoolConfig | None = None,
+                 containment: str = "auto"):
+        cfg = cfg or RewardPoolConfig()
+        self.timeout_s = cfg.timeout_s
         self._where = where
+        user = worker_user(cfg.user)
         cwd = os.getcwd()
-        self._init = {"fns": dict(fns), "memory_mb": memory_mb,
+        self._init = {"fns": dict(fns), "user": user, "limits": limits(cfg, user),
                       "sys_path": [cwd, *(p or cwd for p in sys.path if p != cwd)]}
         self._workers: list[_Worker] = []
-        self._procs: list[subprocess.Popen] = []  # for the finalizer: kill whatever is left if close() is never called
-        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+        self._slots = iter(range(1 << 30))
+        self.box = setup_containment(cfg.max_tasks, containment)
+        self._finalizer = weakref.finalize(self, self.box.close)  # if close() is never called
+        log.info("reward pool: %d workers (as uid %s), contained by %s", cfg.workers,
+                 os.getuid() if user is None else user[0], self.box.describe())
         try:
-            self._workers = [_Worker(self._init) for _ in range(workers)]
-            self._procs[:] = [w.proc for w in self._workers]
+            for _ in range(cfg.workers):
+                self._workers.append(_Worker(self._init, self.box, next(self._slots)))
             for worker in self._workers:
                 worker.wait_ready(where)
         except BaseException:
@@ -154,7 +195,10 @@ class RewardPool:
                 worker = self._send(worker, number, calls[number])
                 busy[worker.conn] = (worker, number, time.monotonic() + self.timeout_s)
             soonest = min(deadline for _, _, deadline in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, soonest - time.monotonic())):
+            # A reply, or the worker's exit: a process it started may hold its pipe open, so no EOF comes.
+            exits = {worker.exited: conn for conn, (worker, _, _) in busy.items()}
+            ready = wait([*busy, *exits], timeout=max(0.0, soonest - time.monotonic()))
+            for conn in dict.fromkeys(exits.get(r, r) for r in ready):
                 worker, number, _ = busy.pop(conn)
                 results[number], healthy = self._receive(worker, calls[number])
                 idle.append(worker if healthy else self._replace(worker))
@@ -171,6 +215,7 @@ class RewardPool:
 
     def _send(self, worker: _Worker, number: int, call: Call) -> _Worker:
         """Send a call; a worker found dead while idle is replaced and the call sent to the new one."""
+        worker.log.new_call()
         try:
             worker.conn.send((number, call.fn, call.kwargs))
             return worker
@@ -182,6 +227,8 @@ class RewardPool:
 
     def _receive(self, worker: _Worker, call: Call) -> tuple[Outcome, bool]:
         """The call's outcome from the worker's reply, and whether the worker can take another call."""
+        if not worker.conn.poll():  # it exited without a reply
+            return Outcome(None, "crash", f"worker process {worker.exit_line()}; replaced"), False
         try:
             reply = json.loads(worker.conn.recv_bytes(MAX_REPLY_BYTES))
         except (EOFError, ConnectionResetError):
@@ -201,24 +248,20 @@ class RewardPool:
 
     def _replace(self, worker: _Worker) -> _Worker:
         if not worker.killed:
-            worker.kill()  # reap it (it may still be exiting after a MemoryError)
-        fresh = _Worker(self._init)
+            worker.kill()  # reap it, and end what it started (it may still be exiting after a MemoryError)
+        fresh = _Worker(self._init, self.box, next(self._slots))
         self._workers[self._workers.index(worker)] = fresh
-        self._procs[:] = [w.proc for w in self._workers]
         fresh.wait_ready(self._where)
         return fresh
 
     def close(self) -> None:
-        """Stop every worker (idempotent): a closed pipe ends an idle worker; a busy one is killed."""
+        """Kill every worker and all they started, remove the container (idempotent)."""
+        killed = self._finalizer() or set()
         for worker in self._workers:
-            worker.conn.close()
-        for worker in self._workers:
-            try:
-                worker.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+            worker.killed = True
+            worker.close()
         self._workers = []
-        self._finalizer.detach()
+        settle(killed)
 
     def __enter__(self) -> RewardPool:
         return self
@@ -227,10 +270,26 @@ class RewardPool:
         self.close()
 
 
-def _kill_all(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+def worker_user(user: str | int) -> tuple[int, int] | None:
+    """(uid, gid) the workers switch to: `user`'s when the driver is root, None when they keep the driver's user.
+    A number needs no entry in /etc/passwd (its group is its passwd group, else the same number)."""
+    if os.geteuid() != 0:
+        return None
+    if isinstance(user, int) or user.isdigit():
+        uid = int(user)
+        gid = next((p.pw_gid for p in pwd.getpwall() if p.pw_uid == uid), uid)
+    else:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"rewards.pool.user {user!r} is no user on this machine; name one (nobody), give a "
+                             "number, or create it (useradd --system NAME)") from None
+        uid, gid = entry.pw_uid, entry.pw_gid
+    return None if uid == 0 else (uid, gid)
+
+
+def limits(cfg: RewardPoolConfig, user: tuple[int, int] | None) -> dict[str, int]:
+    """The resource limits every worker sets on itself (rewards/confinement.py), by `resource` constant name."""
+    tasks = task_count(os.getuid() if user is None else user[0]) + cfg.max_tasks
+    return {"RLIMIT_DATA": cfg.memory_mb << 20, "RLIMIT_NPROC": tasks, "RLIMIT_FSIZE": cfg.max_file_mb << 20,
+            "RLIMIT_NOFILE": cfg.max_open_files}

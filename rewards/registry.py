@@ -226,7 +226,7 @@ def setup_rewards(cfg: RewardsConfig) -> RewardSet:
         paths[index], where[index] = term.fn, f"rewards.terms[{index}].fn {term.fn}"
     pool = None
     if paths:
-        pool = RewardPool(paths, where, cfg.pool.workers, cfg.pool.timeout_s, cfg.pool.memory_mb)
+        pool = RewardPool(paths, where, cfg.pool)
     return RewardSet(fns, [term.weight for term in cfg.terms], cfg.on_error, pool, cfg.solved_by)
 
 

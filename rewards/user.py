@@ -9,8 +9,10 @@ TRL's convention (trl/trainer/grpo_trainer.py `_calculate_rewards`), kept so a T
 - every other column of the row as a keyword list (`answer=[...]`), one value per completion;
 - `trainer_state` (here a TrainingProgress with `global_step` and `max_steps`), and `log_metric(name, value)` /
   `log_extra(column, values)` callables (metrics are logged as `reward/<term>/<name>`; extra columns are dropped);
-- the function returns one float per completion, or None where it does not apply: a None is left out of the
-  weighted sum, as TRL's nansum leaves it (NaN counts as None). Async functions are awaited.
+- the function returns one number per completion, or None where it does not apply, in whatever TRL takes: a
+  list, tuple, generator, numpy array, pandas Series...; of floats, ints, bools, numpy scalars... (rewards/worker.py
+  `check_values`, tests/unit/test_reward_returns.py). A None is left out of the weighted sum, as TRL's nansum
+  leaves it (NaN counts as None). Async functions are awaited.
 aha calls the function once per prompt's group of completions (a batch in TRL's sense), and adds the term's
 `params` as keyword arguments.
 """

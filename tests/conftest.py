@@ -71,9 +71,11 @@ def lane_of(nodeid: str) -> str:
 
 
 def pytest_configure(config) -> None:
+    import ci_strict
     from cpu_accounting import register
 
     register(config)  # CPU seconds per module, when AHA_CPU_ACCOUNTING asks for them (bench/suite_modules.py --cpu)
+    config.pluginmanager.register(ci_strict, "aha-ci-strict")  # under CI, a skip, an xfail or no test is a failure
 
 
 def pytest_collection_modifyitems(config, items) -> None:

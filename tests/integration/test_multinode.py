@@ -12,12 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from common import storage as uri
-from tests.integration.multinode import MultiNodeCluster, require_namespaces
+from tests.integration.multinode import MultiNodeCluster, require_namespaces, sh
 from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
 
 pytestmark = pytest.mark.integration
@@ -100,21 +101,86 @@ def engine_nodes(summary: dict) -> list[str]:
     return [url.removeprefix("http://").rsplit(":", 1)[0] for url in summary["placement"]["engines"]]
 
 
+# Run on node b against an engine of node c or d: every /v1 route the engine's OpenAPI lists, without the key and
+# with a wrong one; then the right key on a model listing and a one-token completion. Prints the status codes.
+KEY_PROBE = """
+import json, sys, time
+import httpx
+url, key, model = sys.argv[1:4]
+with httpx.Client(base_url=url, timeout=60) as client:
+    for _ in range(1200):  # the engine may still be starting
+        try:
+            if client.get("/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    paths = client.get("/openapi.json").json()["paths"]
+    routes = sorted((method.upper(), path) for path, ops in paths.items() if path.startswith("/v1") for method in ops)
+    out = {"routes": {}}
+    for method, path in routes:
+        concrete = path.replace("{", "x").replace("}", "")  # a path parameter: any value
+        out["routes"][f"{method} {path}"] = [client.request(method, concrete, headers=headers).status_code
+                                            for headers in ({}, {"Authorization": "Bearer wrong" + key})]
+    right = {"Authorization": f"Bearer {key}"}
+    out["models"] = client.get("/v1/models", headers=right).status_code
+    out["completion"] = client.post("/v1/completions", headers=right,
+                                    json={"model": model, "prompt": "1 + 1 =", "max_tokens": 1}).status_code
+print(json.dumps(out))
+"""
+
+
+class KeyProbe(threading.Thread):
+    """While a run goes on: find the engine server of node `name` (its command line holds the run's key and port),
+    then probe it from node b with KEY_PROBE. `result`: its JSON, or what went wrong (the node killed mid-probe)."""
+
+    def __init__(self, cluster, name: str):
+        super().__init__(daemon=True)
+        self.cluster, self.name = cluster, name
+        self.done = threading.Event()  # set when the run has ended: stop looking
+        self.result: dict | str = "no engine seen on the node"
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for pid in sh("ip", "netns", "pids", self.cluster.namespaces[self.name], check=False).stdout.split():
+                try:
+                    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                except OSError:
+                    continue
+                key = next((a.removeprefix("--api-key=") for a in args if a.startswith("--api-key=")), None)
+                if key and "--port" in args:
+                    value = {a: args[i + 1] for i, a in enumerate(args[:-1])}
+                    url = f"http://{value['--host']}:{value['--port']}"
+                    probe = self.cluster.run_on("b", [sys.executable, "-c", KEY_PROBE, url, key,
+                                                      value["--served-model-name"]], timeout_s=900)
+                    self.result = json.loads(probe.stdout) if probe.returncode == 0 else (
+                        f"probe of {url} exited {probe.returncode}: {probe.stderr[-300:]}")
+                    return
+            self.done.wait(0.5)
+
+
 @pytest.fixture(scope="module")
 def lost_node_run(cluster):
     """`ray job submit` of 3 steps: driver on the head, learner on b, replicas on c and d, run dir on the bucket;
-    the last replica's node is killed after step 1 (`between:kill_node@1`)."""
+    the last replica's node is killed after step 1 (`between:kill_node@1`). Meanwhile each engine is probed from
+    node b for the run's API key (KeyProbe): (run, job, {node: probe result})."""
     run = "gs://aha-runs/lost-node"
+    probes = {name: KeyProbe(cluster, name) for name in ("c", "d")}
+    for probe in probes.values():
+        probe.start()
     job = cluster.submit(["python", "-m", "orchestration.cli.train", "--config", CONFIG, "--run-dir", run, *TINY,
                           "train.steps=3", "rollout.replicas=2", ENGINES, "learner.resources.custom={node_b: 1}"],
                          env_vars={"AHA_FAULT": "between:kill_node@1"})
-    return run, job
+    for probe in probes.values():
+        probe.done.set()
+        probe.join()
+    return run, job, {name: probe.result for name, probe in probes.items()}
 
 
 def test_three_steps_finish_with_engines_on_other_nodes_and_one_node_lost(cluster, lost_node_run):
     """Fails on main: there the driver dialled each engine at 127.0.0.1 (the engine's own loopback, on another
     node), so the first generation failed; and `--run-dir gs://...` became the local folder `gs:/...`."""
-    run, job = lost_node_run
+    run, job, _ = lost_node_run
     assert job.returncode == 0, job_output(job)
     rows = read_rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost with the engine's node"
@@ -130,10 +196,29 @@ def test_three_steps_finish_with_engines_on_other_nodes_and_one_node_lost(cluste
     assert rows[-1]["rollout/replica0/requests"] > 0 and rows[-1]["rollout/replica1/requests"] > 0
 
 
+def test_the_run_key_is_required_on_every_v1_route_from_another_node(lost_node_run):
+    """From node b, during the run: every /v1 route of a running engine (as its OpenAPI lists them) answers 401
+    without the run's key and with a wrong one; with the right key the model list and a completion answer 200.
+    The replica whose node the fault kills after step 1 may die mid-probe; the other one must have answered.
+    (On main at 85b20f9 this held as well, untested: the engines got a per-run key, cluster.with_run_key.)"""
+    _, job, probes = lost_node_run
+    assert job.returncode == 0, job_output(job)
+    answered = {name: got for name, got in probes.items() if isinstance(got, dict)}
+    assert answered, f"no engine could be probed: {probes}"
+    for name, got in answered.items():
+        assert len(got["routes"]) >= 5 and "POST /v1/completions" in got["routes"], got["routes"]
+        open_routes = {route: codes for route, codes in got["routes"].items() if codes != [401, 401]}
+        assert not open_routes, f"engine on node {name}: routes that took a missing or wrong key: {open_routes}"
+        assert got["models"] == 200 and got["completion"] == 200, f"the right key was refused on node {name}: {got}"
+        print(f"engine on node {name}: {len(got['routes'])} /v1 routes, each 401 without the key and with a wrong one "
+              f"({', '.join(got['routes'])}); right key: models {got['models']}, completion {got['completion']}")
+    print("not probed to the end:", {name: got for name, got in probes.items() if name not in answered} or "none")
+
+
 def test_resume_with_the_learner_on_another_node_keeps_every_row(cluster, lost_node_run):
     """`--resume` of a longer run (5 steps) with the learner on c instead of b and one engine (the single-engine
     path, on a node other than the driver's): it continues from the checkpoint of step 3, every earlier row kept."""
-    run, first = lost_node_run
+    run, first, _ = lost_node_run
     assert first.returncode == 0, job_output(first)
     before = read_rows(run)
     lost = [n for n in ("c", "d") if cluster.node_down(n)]

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SETUP_HINT
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, VllmConfig
 from common.peft_adapter import random_peft_adapter, write_adapter
@@ -81,7 +82,7 @@ def server(request, tiny_model_dir, tmp_path_factory):
     """A started backend of each kind on the tiny model, with a client; stopped at the end of the module."""
     if request.param == "sglang_jax":
         if not sglang_available():
-            pytest.skip(f"SGLang-JAX env missing at {default_sglang_python()}: run `bash scripts/setup_sglang_env.sh`")
+            pytest.fail(f"SGLang-JAX env missing at {default_sglang_python()}: {SETUP_HINT}", pytrace=False)
         backend = SglangJaxBackend(SglangJaxConfig(max_model_len=256, max_total_tokens=2048,
                                                    max_running_requests=8), tiny_model_dir,
                                    tmp_path_factory.mktemp("sglang"))
@@ -199,7 +200,7 @@ if __name__ == "__main__":
 def deterministic_sglang(tiny_model_dir, tmp_path_factory):
     """A second SGLang-JAX server with per-request seeds (deterministic sampling)."""
     if not sglang_available():
-        pytest.skip(f"SGLang-JAX env missing at {default_sglang_python()}: run `bash scripts/setup_sglang_env.sh`")
+        pytest.fail(f"SGLang-JAX env missing at {default_sglang_python()}: {SETUP_HINT}", pytrace=False)
     backend = SglangJaxBackend(SglangJaxConfig(max_model_len=256, max_total_tokens=2048, max_running_requests=8,
                                                deterministic_sampling=True), tiny_model_dir,
                                tmp_path_factory.mktemp("sglang-det"))

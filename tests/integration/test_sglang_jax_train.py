@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from orchestration.metrics import read_metrics
 from rollout.config import RolloutConfig
+from conftest import SETUP_HINT
 from rollout.sglang_jax_config import default_sglang_python
 from test_train_e2e import TINY, serve_and_ask  # the same shrinking to the tiny model; serve's checks
 
@@ -33,7 +34,7 @@ SGLANG = ["rollout.backend.kind=sglang_jax", "rollout.backend.kv_cache_space_gb=
 def sglang_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A 2-step run on SGLang-JAX (the run directory)."""
     if not default_sglang_python().exists():
-        pytest.skip(f"SGLang-JAX env missing at {default_sglang_python()}: run `bash scripts/setup_sglang_env.sh`")
+        pytest.fail(f"SGLang-JAX env missing at {default_sglang_python()}: {SETUP_HINT}", pytrace=False)
     try:
         RolloutConfig.model_validate({"backend": {"kind": "sglang_jax"}})
     except ValidationError:

@@ -7,9 +7,11 @@ where a user's module is found); the pool runs them in real worker processes.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pickle
+import pwd
 import signal
 import subprocess
 import sys
@@ -21,10 +23,13 @@ import pytest
 from pydantic import ValidationError
 
 from rewards import RewardsConfig, Sample, TrainingProgress, setup_rewards
-from rewards.pool import RewardImportError
+from rewards.config import RewardPoolConfig
+from rewards.containment import TOKEN_VAR, members
+from rewards.pool import Call, RewardImportError, RewardPool
+from rewards.worker_log import MAX_BYTES_PER_CALL
 
 MODULE = '''
-import asyncio, json, os, time
+import asyncio, json, os, signal, sys, time
 
 def record(prompts, completions, log_to, **kwargs):
     """Writes what it was called with (one JSON line per call) and scores each completion by its length."""
@@ -67,6 +72,83 @@ def infinite(prompts, completions, **kwargs):
 
 def ok(prompts, completions, **kwargs):
     return [1.0] * len(completions)
+
+def pause_ignoring_sigterm(prompts, completions, **kwargs):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pause()
+
+def gil_loop(prompts, completions, **kwargs):
+    return [float(sum(range(10**15)))] * len(completions)  # one C call that never releases the GIL
+
+def fork_bomb(prompts, completions, **kwargs):
+    import resource
+    if os.getuid() == 0 or resource.getrlimit(resource.RLIMIT_NPROC)[0] > 10_000:
+        raise RuntimeError("no task bound here: a fork bomb would take the box, so this one refuses to start")
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            pass
+
+def segfault(prompts, completions, **kwargs):
+    import ctypes
+    ctypes.string_at(0)
+
+def huge_reply(prompts, completions, **kwargs):
+    from multiprocessing.connection import Connection
+    Connection(int(sys.argv[1])).send_bytes(b"[" * (65 << 20))  # into the worker's pipe, past its own checks
+    return [1.0] * len(completions)
+
+def floods_stderr(prompts, completions, **kwargs):
+    line = "x" * 1023 + "\\n"
+    for _ in range(100 * 1024):  # 100 MiB
+        sys.stderr.write(line)
+    sys.stderr.write("y" * (8 << 20))  # and a line of 8 MiB
+    sys.stderr.flush()
+    return [1.0] * len(completions)
+
+def daemon(prompts, completions, then="return", **kwargs):
+    """Starts a grandchild in a session of its own (as a daemonising library does), which outlives its parent."""
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(write, str(os.getpid()).encode())
+            time.sleep(10**6)
+        os._exit(0)
+    pid = int(os.read(read, 32))
+    os.wait()
+    with open("out/daemon.pid", "w") as f:
+        f.write(str(pid))
+    if then == "exit":
+        os._exit(3)
+    if then == "sleep":
+        time.sleep(10**6)
+    return [float(pid)] * len(completions)
+
+def escape(prompts, completions, **kwargs):
+    """What a reward could do with the driver's privileges, 1.0 where it managed: raise its task limit, signal the
+    driver, write the working directory."""
+    import resource
+    done = []
+    for attempt in (lambda: resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY,) * 2),
+                    lambda: os.kill(os.getppid(), 0), lambda: open("escaped", "w").close()):
+        try:
+            attempt()
+            done.append(1.0)
+        except (OSError, ValueError):
+            done.append(0.0)
+    return done
+
+def lazy_imports(prompts, completions, **kwargs):
+    """Submodules of packages the worker imported before it switched user (multiprocessing, zoneinfo via pydantic)."""
+    import multiprocessing.pool, zoneinfo._common, json.tool
+    return [1.0] * len(completions)
+
+def limits(prompts, completions, **kwargs):
+    import resource
+    names = ("RLIMIT_DATA", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE")
+    return [float(resource.getrlimit(getattr(resource, n))[1]) for n in names] + [float(os.getuid())]
 '''
 
 
@@ -75,6 +157,9 @@ def workdir(tmp_path, monkeypatch) -> Path:
     """A working directory holding the user's module `user_rewards`, as a run's would."""
     (tmp_path / "user_rewards.py").write_text(MODULE)
     (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('module fails at import')\n")
+    tmp_path.chmod(0o755)  # as root the workers run as nobody: they must read the module's folder (its parents not)
+    (tmp_path / "out").mkdir(mode=0o777)  # ...and write only where they may: `out/...`, relative to their cwd
+    (tmp_path / "out").chmod(0o777)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -95,8 +180,8 @@ def calls(log: Path) -> list[dict]:
 
 
 def test_a_plain_text_batch_gets_trls_arguments_in_a_worker_process(workdir) -> None:
-    log = workdir / "calls.jsonl"
-    with rewards({"fn": "user_rewards:record", "params": {"log_to": str(log)}, "weight": 2.0}) as rs:
+    log = workdir / "out" / "calls.jsonl"
+    with rewards({"fn": "user_rewards:record", "params": {"log_to": "out/calls.jsonl"}, "weight": 2.0}) as rs:
         result = rs.score(samples(["a", "bb", "ccc", "dddd"]), [2, 2], TrainingProgress(4, 10))
     assert result.per_name == {"record": [1.0, 2.0, 3.0, 4.0]} and result.totals == [2.0, 4.0, 6.0, 8.0]
     first, second = calls(log)
@@ -110,8 +195,8 @@ def test_a_plain_text_batch_gets_trls_arguments_in_a_worker_process(workdir) -> 
 
 
 def test_a_conversational_batch_gets_message_lists_and_none_is_left_out(workdir) -> None:
-    log = workdir / "calls.jsonl"
-    terms = ({"fn": "user_rewards:record", "params": {"log_to": str(log)}}, {"fn": "user_rewards:maybe"})
+    log = workdir / "out" / "calls.jsonl"
+    terms = ({"fn": "user_rewards:record", "params": {"log_to": "out/calls.jsonl"}}, {"fn": "user_rewards:maybe"})
     with rewards(*terms) as rs:
         result = rs.score(samples(["x", "skip"], chat=True))  # no group sizes: the batch is one call
     (call,) = calls(log)
@@ -122,24 +207,25 @@ def test_a_conversational_batch_gets_message_lists_and_none_is_left_out(workdir)
     assert result.means() == {"record": 2.5, "maybe": 0.5}
 
 
-HOSTILE = ["raises", "sleeps", "exits", "eats"]
+HOSTILE = ["raises", "exits", "eats"]
 
 
 def test_hostile_rewards_fail_their_calls_while_scoring_goes_on(workdir) -> None:
+    """Rewards that raise, exit or eat memory fail their own calls; the others score on, twice over. (Rewards that
+    never answer are the next test's: here nothing waits on a timeout, so the box's speed cannot change a result.)"""
     terms = [{"fn": f"user_rewards:{name}"} for name in HOSTILE] + [{"fn": "user_rewards:ok"}, {"name": "format"}]
     good = "<think>t</think><answer>1</answer>"
-    with rewards(*terms, pool={"workers": 2, "timeout_s": 3, "memory_mb": 512}) as rs:
+    with rewards(*terms, pool={"workers": 2, "memory_mb": 512}) as rs:
         pids = {w.proc.pid for w in rs.pool._workers}
         for _ in range(2):  # the pool is whole again after each batch: the second one fails the same way
             result = rs.score(samples([good, good, good]), [2, 1])
             assert result.per_name["ok"] == [1.0] * 3 and result.per_name["format"] == [1.0] * 3
             assert all(result.per_name[name] == [0.0] * 3 for name in HOSTILE)
             assert result.totals == [2.0] * 3
-            assert result.failures == {"raised": 2, "invalid": 0, "timeout": 2, "crash": 2, "memory": 2}
-            assert len(result.errors) == 8
+            assert result.failures == {"raised": 2, "invalid": 0, "timeout": 0, "crash": 2, "memory": 2}
+            assert len(result.errors) == 6
         lines = "\n".join(result.errors)
         assert "reward raises failed (raised) on samples 0-1: ValueError('scorer bug')" in lines
-        assert "reward sleeps failed (timeout) on samples 2-2: no answer within 3 s" in lines
         assert "reward exits failed (crash) on samples 0-1: worker process exited with code 3" in lines
         assert "reward eats failed (memory)" in lines and "memory_mb" in lines
         assert pids.isdisjoint(w.proc.pid for w in rs.pool._workers), "dead workers must have been replaced"
@@ -148,10 +234,122 @@ def test_hostile_rewards_fail_their_calls_while_scoring_goes_on(workdir) -> None
     assert all(proc.poll() is not None for proc in live), "closing the set must end its workers"
 
 
+FORK_UID = 60000 + os.getpid() % 5000
+"""The workers' uid (as root) in the tests whose rewards fork: RLIMIT_NPROC counts per user, so a fork bomb in another
+pytest process on this box (whose pools run as nobody, or as its own such uid) cannot starve their forks."""
+
+
+def leftovers(pool) -> set[int]:
+    """Live processes that carry the pool's token: its workers and whatever they started (rewards/containment.py)."""
+    prefix = f"{TOKEN_VAR}={pool.box.token}:".encode()
+    return members([], lambda entry: entry.startswith(prefix))
+
+
+@pytest.mark.parametrize("name", ["sleeps", "pause_ignoring_sigterm", "gil_loop", "fork_bomb"])
+def test_a_reward_that_never_answers_is_killed_with_all_it_started(workdir, name) -> None:
+    """A sleep, signal.pause with SIGTERM ignored, a C loop that holds the GIL, a fork bomb: each call times out,
+    the worker and every process it started are killed, and the pool scores on. The fork bomb is bounded by
+    RLIMIT_NPROC (rewards.pool.max_tasks) and refuses to start where it finds no bound, so the test cannot take the
+    box. Fails on main at 85b20f9 for the fork bomb (no task limit: it refuses, `raised`, where a bound pool times
+    out). The `ok` calls beside it must answer within the 4 s timeout: milliseconds of work. Right after the kill
+    a reward can fork again: the killed copies no longer count against the task bound (they were reaped; before
+    rewards.containment.settle waited for that, the fork failed with EAGAIN after a fork bomb)."""
+    fns = {0: f"user_rewards:{name}", 1: "user_rewards:ok", 2: "user_rewards:daemon"}
+    one, two = ({"prompts": ["p"] * n, "completions": ["c"] * n} for n in (1, 2))
+    with RewardPool(fns, fns, RewardPoolConfig(workers=2, timeout_s=4, max_tasks=16, user=FORK_UID)) as pool:
+        hang, ok = pool.run([Call(0, two), Call(1, two)])
+        assert hang.kind == "timeout" and "no answer within 4 s" in hang.message, (hang.kind, hang.message)
+        assert ok.values == [1.0, 1.0]
+        assert len(leftovers(pool)) == 2, "only the two workers may be left after the kill"
+        assert pool.run([Call(1, one)])[0].values == [1.0], "the pool scores on after the kill"
+        forked = pool.run([Call(2, one)])[0]  # `daemon`: it forks
+        assert forked.kind is None, f"a fork right after the kill failed: {forked.message}"
+    assert not leftovers(pool), "the closed pool left processes behind"
+
+
+def test_a_segfault_is_a_crash_and_the_worker_is_replaced(workdir) -> None:
+    """A reward that segfaults (ctypes) ends its worker: `crash`, named by its signal, and a fresh worker."""
+    with rewards({"fn": "user_rewards:segfault"}, {"fn": "user_rewards:ok"}) as rs:
+        result = rs.score(samples(["a"]))
+        assert result.failures["crash"] == 1 and "killed by SIGSEGV" in result.errors[0]
+        assert rs.score(samples(["b"])).per_name["ok"] == [1.0]
+
+
+def test_a_reply_over_the_cap_is_invalid_and_the_worker_replaced(workdir) -> None:
+    """A reward that writes a 65 MiB message into its worker's pipe (past the worker's own JSON) is refused at the
+    64 MiB cap (rewards.pool.MAX_REPLY_BYTES) without the driver reading it: `invalid`, the worker replaced."""
+    with rewards({"fn": "user_rewards:huge_reply"}) as rs:
+        before = {w.proc.pid for w in rs.pool._workers}
+        result = rs.score(samples(["a"]))
+        assert result.failures["invalid"] == 1 and "unreadable reply" in result.errors[0], result.errors
+        assert len(before - {w.proc.pid for w in rs.pool._workers}) == 1, "the worker that sent it was not replaced"
+
+
+def test_a_flood_on_stderr_is_cut_and_the_call_still_scores(workdir, caplog, capfd) -> None:
+    """A reward that writes 108 MiB to stderr: its worker's output is logged up to 64 KiB per call and the rest
+    dropped with one line; the driver's own stderr gets none of it. Fails on main at 85b20f9 (workers wrote to the
+    driver's stderr: the run's log took all 108 MiB)."""
+    caplog.set_level(logging.INFO, logger="rewards.worker")
+    with rewards({"fn": "user_rewards:floods_stderr"}) as rs:
+        assert rs.score(samples(["a"])).per_name["floods_stderr"] == [1.0]
+        assert rs.score(samples(["b"])).per_name["floods_stderr"] == [1.0]
+    logged = [r.getMessage() for r in caplog.records if r.name == "rewards.worker"]
+    dropped = [line for line in logged if "of its output dropped" in line]
+    assert len(dropped) == 2, logged[-3:]
+    assert sum(map(len, logged)) < 3 * MAX_BYTES_PER_CALL, "more than the per-call budget was logged"
+    assert len(capfd.readouterr().err) < 1 << 20, "the flood reached the driver's stderr"
+
+
+@pytest.mark.parametrize("then", ["return", "exit"])
+@pytest.mark.parametrize("kind", ["cgroup2", "cgroup1", "tree"])
+def test_a_setsid_grandchild_dies_with_its_worker_and_with_the_pool(workdir, kind, then) -> None:
+    """A reward starts a grandchild in a session of its own that outlives its parent. Whichever container the
+    machine gives (each kind tested here; this box and CI have all three), it dies with the pool when the pool
+    closes ("return"), and with its worker when the worker dies on its own ("exit": os._exit, the pool replaces it).
+    Fails on main at 85b20f9 (the grandchild escaped the process-group kill and lived on)."""
+    cfg = RewardPoolConfig(workers=1, user=FORK_UID)
+    with RewardPool({0: "user_rewards:daemon"}, {0: "daemon"}, cfg, containment=kind) as pool:
+        outcome = pool.run([Call(0, {"prompts": ["p"], "completions": ["a"], "then": then})])[0]
+        grandchild = int((workdir / "out" / "daemon.pid").read_text())
+        if then == "exit":
+            assert outcome.kind == "crash" and not _alive(grandchild), "the grandchild outlived its worker"
+        else:
+            assert outcome.values == [grandchild] and _alive(grandchild)
+    assert not _alive(grandchild) and not leftovers(pool), f"pid {grandchild} outlived the pool ({kind})"
+
+
+def test_a_reward_imports_from_folders_its_user_cannot_reach(workdir) -> None:
+    """As root the worker runs as nobody, while the driver's Python (here under /root, mode 0700) is not nobody's to
+    read: the folders of sys.path and the packages imported before the switch are reached through file descriptors
+    opened before it. Fails without that (ModuleNotFoundError for multiprocessing.pool as nobody)."""
+    with rewards({"fn": "user_rewards:lazy_imports"}) as rs:
+        result = rs.score(samples(["a"]))
+    assert result.per_name["lazy_imports"] == [1.0], result.errors
+
+
+def test_as_root_a_worker_cannot_raise_its_limits_signal_the_driver_or_write_the_run_directory(workdir) -> None:
+    """With the driver root, workers run as rewards.pool.user (nobody) with every limit set (soft = hard), and are
+    not told the driver's PID. Fails on main at 85b20f9 (workers ran as root: all three escapes worked)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the driver must be root for its workers to drop to nobody")
+    cfg = {"memory_mb": 512, "max_tasks": 40, "max_file_mb": 3, "max_open_files": 100}
+    with rewards({"fn": "user_rewards:escape"}, {"fn": "user_rewards:limits"}, pool=cfg) as rs:
+        result = rs.score(samples(["a", "b", "c", "d", "e"][:3]), [3])
+        assert result.per_name["escape"] == [0.0, 0.0, 0.0], "raise limits, signal the driver, write the cwd"
+        limits = rs.score(samples(["a", "b", "c", "d", "e"])).per_name["limits"]
+        nproc = rs.pool._init["limits"]["RLIMIT_NPROC"]
+        assert limits == [512 << 20, nproc, 3 << 20, 100, pwd.getpwnam("nobody").pw_uid]
+        assert nproc - 40 < 40, f"RLIMIT_NPROC {nproc} is not nobody's few tasks plus max_tasks"
+        for worker in rs.pool._workers:
+            args = Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().split(b"\0")
+            assert str(os.getpid()).encode() not in args, "the worker was told the driver's PID"
+    assert not (workdir / "escaped").exists()
+
+
 @pytest.mark.parametrize("name, message", [
     ("wrong_length", "returned 1 values for 2 completions"),
-    ("not_numbers", "value 0 is str 'high', not a number or None"),
-    ("infinite", "value 0 is inf"),
+    ("not_numbers", "value 0 is str 'high': not a number or None"),
+    ("infinite", "value 0 is float 'inf': an infinity"),
 ])
 def test_a_reward_that_returns_no_list_of_numbers_fails_as_invalid(workdir, name, message) -> None:
     with rewards({"fn": f"user_rewards:{name}"}) as rs:
@@ -202,28 +400,38 @@ def test_a_set_with_a_pool_does_not_pickle_and_close_is_idempotent(workdir) -> N
 
 
 DRIVER = """
-import sys, time
-from rewards import RewardsConfig, Sample, setup_rewards
-rs = setup_rewards(RewardsConfig(terms=[{"fn": "user_rewards:sleeps"}], pool={"workers": 1, "timeout_s": 1000}))
-print(rs.pool._workers[0].proc.pid, flush=True)
-rs.score([Sample("p", "c")])
+import sys
+from rewards.config import RewardPoolConfig
+from rewards.pool import Call, RewardPool
+pool = RewardPool({0: "user_rewards:daemon"}, {0: "daemon"},
+                  RewardPoolConfig(workers=1, timeout_s=1000, user=int(sys.argv[2])), containment=sys.argv[1])
+print(pool._workers[0].proc.pid, flush=True)
+pool.run([Call(0, {"prompts": ["p"], "completions": ["c"], "then": "sleep"})])
 """
 
 
-def test_workers_die_with_a_killed_driver(workdir) -> None:
-    """A driver killed with SIGKILL runs no cleanup; the kernel (PR_SET_PDEATHSIG) must end its hung worker."""
+@pytest.mark.parametrize("kind", ["cgroup2", "cgroup1", "tree"])
+def test_workers_and_all_they_started_die_with_a_killed_driver(workdir, kind) -> None:
+    """A driver killed with SIGKILL runs no cleanup: the kernel (PR_SET_PDEATHSIG) must end its hung worker, and the
+    pool's keeper the setsid grandchild that worker started, whichever the container. Fails on main at 85b20f9 (the
+    grandchild lived on)."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DRIVER)], cwd=workdir, env=env,
-                              stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DRIVER), kind, str(FORK_UID)], cwd=workdir,
+                              env=env, stdout=subprocess.PIPE, text=True)
     worker = int(driver.stdout.readline())
-    time.sleep(1)  # let the call reach the worker
+    pid_file = workdir / "out" / "daemon.pid"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not pid_file.exists():  # the call reached the worker, the daemon is up
+        time.sleep(0.1)
+    grandchild = int(pid_file.read_text())
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _alive(worker):
+    while time.monotonic() < deadline and (_alive(worker) or _alive(grandchild)):
         time.sleep(0.2)
     assert not _alive(worker), f"worker {worker} outlived its killed driver"
+    assert not _alive(grandchild), f"the worker's setsid grandchild {grandchild} outlived the killed driver"
 
 
 def _alive(pid: int) -> bool:
