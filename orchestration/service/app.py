@@ -107,6 +107,13 @@ class TinkerApp:
         return web.json_response({"request_id": request_id, **({"model_id": model_id} if model_id else {}),
                                   **extra})
 
+    def _retried(self, body: dict[str, Any]) -> web.Response | None:
+        """The answer already given to this (session, model_seq_id): a retried create is the same job."""
+        model_id = f"{body.get('session_id')}:train:{int(body.get('model_seq_id', 0))}"
+        if (model_id, 0) not in self._by_seq:
+            return None
+        return web.json_response({"request_id": self._by_seq[(model_id, 0)], "model_id": model_id})
+
     def _sequenced(self, kind: str, m: TrainingModel, seq_id: int, work: Callable[[], Awaitable[Outcome]]):
         return self._future(kind, lambda: m.sequencer.run(seq_id, work), m.model_id, seq_id)
 
@@ -121,6 +128,8 @@ class TinkerApp:
 
     async def create_model(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if retried := self._retried(body):
+            return retried
         m = self.service.new_model(body["session_id"], int(body.get("model_seq_id", 0)), body.get("base_model"),
                                    body.get("lora_config") or {}, body.get("user_metadata"), first_seq=1)
         seed = (body.get("lora_config") or {}).get("seed")
@@ -167,6 +176,8 @@ class TinkerApp:
             return self._sequenced("load_weights", m, int(body["seq_id"]),
                                    lambda: self.service.load_state(m, path, optimizer))
         # create_training_client_from_state: a new training client whose first operation is this load
+        if retried := self._retried(body):
+            return retried
         m = self.service.new_model(body["session_id"], int(body.get("model_seq_id", 0)), body.get("base_model"),
                                    None, body.get("user_metadata"), first_seq=1)
         return self._future("load_weights", lambda: self.service.load_state(m, path, optimizer), m.model_id, 0)
