@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
 import re
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +91,16 @@ class TinkerService:
         self._loaded: set[str] = set()  # named sampler checkpoints served on the engines
         self._session_count = 0
         self.placement: dict[str, Any] = {}  # where the parts run (the CLI fills it in; capabilities report it)
+        # Blocking handle calls run in worker threads, the learner's and the engines' in pools of their own: a
+        # minutes-long update must not hold the threads sample requests wait for (the SDK sends many at once).
+        self._learner_calls = ThreadPoolExecutor(4, thread_name_prefix="tinker-learner")
+        self._engine_calls = ThreadPoolExecutor(cfg.rollout.client.max_concurrency, thread_name_prefix="tinker-engine")
+
+    async def on_learner(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._learner_calls, functools.partial(fn, *args))
+
+    async def on_engines(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._engine_calls, functools.partial(fn, *args))
 
     # ---- sessions and capabilities ------------------------------------------------------------------------------
     def create_session(self) -> str:
@@ -144,7 +157,7 @@ class TinkerService:
         return lora
 
     async def create_model(self, m: TrainingModel, seed: int | None) -> Outcome:
-        await asyncio.to_thread(lambda: self.learner.add_adapter(m.adapter, m.lora, seed or 0).result())
+        await self.on_learner(lambda: self.learner.add_adapter(m.adapter, m.lora, seed or 0).result())
         self._write_run(m)
         log.info("training client %s: LoRA rank %d on %s", m.model_id, m.lora.rank, m.base_model)
         return Outcome(json={"model_id": m.model_id, "type": "create_model"})
@@ -155,7 +168,7 @@ class TinkerService:
         config = wire.loss_settings(request)
         loss_config(request.loss_fn, config)  # an unknown loss or setting: one line now, not after the queue
         call = self.learner.forward if forward_only else self.learner.forward_backward
-        out = await asyncio.to_thread(lambda: call(batch, request.loss_fn, m.adapter, config).result())
+        out = await self.on_learner(lambda: call(batch, request.loss_fn, m.adapter, config).result())
         m.last_request_time = now()
         return Outcome(proto=wire.forward_backward_output(out["logprobs"], {"loss:sum": out["loss"]}))
 
@@ -164,22 +177,22 @@ class TinkerService:
             raise UserError("optim_step without adam_params: this server's optimizer is AdamW")
         params = AdamParams(**{k: float(adam[k]) for k in ("learning_rate", "beta1", "beta2", "eps", "weight_decay",
                                                            "grad_clip_norm") if k in adam})
-        out = await asyncio.to_thread(lambda: self.learner.optim_step(m.adapter, params).result())
+        out = await self.on_learner(lambda: self.learner.optim_step(m.adapter, params).result())
         m.last_request_time = now()
         return Outcome(json={"metrics": {"optim/grad_norm:mean": out["learner/grad_norm"]}})
 
     async def save_state(self, m: TrainingModel, name: str) -> Outcome:
         path = paths.TinkerPath(m.model_id, "weights", paths.checked_name(name))
-        await asyncio.to_thread(lambda: self.learner.save_adapter(m.adapter, path.location(self.root)).result())
+        await self.on_learner(lambda: self.learner.save_adapter(m.adapter, path.location(self.root)).result())
         self._note_checkpoint(m, path)
         return Outcome(json={"path": str(path), "type": "save_weights"})
 
     async def load_state(self, m: TrainingModel, path: str, optimizer: bool) -> Outcome:
         where = paths.parse(path, ("weights",))
         location = where.location(self.root)
-        if not await asyncio.to_thread(exists, location):
+        if not await self.on_learner(exists, location):
             raise UserError(f"{path}: no saved state there ({location})")
-        lora = await asyncio.to_thread(lambda: self.learner.load_adapter(m.adapter, location, optimizer).result())
+        lora = await self.on_learner(lambda: self.learner.load_adapter(m.adapter, location, optimizer).result())
         m.lora = self.check_rank(lora)
         self._write_run(m)
         return Outcome(json={"path": path, "model_id": m.model_id, "type": "load_weights"})
@@ -187,18 +200,18 @@ class TinkerService:
     async def save_for_sampler(self, m: TrainingModel, name: str | None, sampler_seq: int | None,
                                session_id: str) -> Outcome:
         """A new sampler version of `m`: served by every engine; a named one also kept in the run directory."""
-        tensors, config = await asyncio.to_thread(self.learner.save_for_sampler, m.adapter)
+        tensors, config = await self.on_learner(self.learner.save_for_sampler, m.adapter)
         if name is not None:
             path = paths.TinkerPath(m.model_id, "sampler_weights", paths.checked_name(name))
-            await asyncio.to_thread(self._write_peft, path, tensors, config)
+            await self.on_learner(self._write_peft, path, tensors, config)
             self._note_checkpoint(m, path)
             return Outcome(json={"path": str(path), "type": "save_weights_for_sampler"})
         m.versions += 1
         served = f"{m.adapter}-v{m.versions}"
-        await asyncio.to_thread(self.rollout.load_adapter, served, tensors, config)
+        await self.on_engines(self.rollout.load_adapter, served, tensors, config)
         m.samplers.append(served)
         while len(m.samplers) > KEEP_UNNAMED:
-            await asyncio.to_thread(self.rollout.unload_adapter, m.samplers.pop(0))
+            await self.on_engines(self.rollout.unload_adapter, m.samplers.pop(0))
         sampler_id = self.new_sampler(session_id, sampler_seq, served, m.base_model, owner=m.model_id)
         return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
@@ -218,10 +231,10 @@ class TinkerService:
         served = "ckpt-" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
         if served not in self._loaded:
             if where.kind == "sampler_weights":
-                tensors, config = await asyncio.to_thread(self._read_peft, where)
+                tensors, config = await self.on_engines(self._read_peft, where)
             else:  # a training state: its LoRA, through a scratch adapter on the learner
-                tensors, config = await asyncio.to_thread(self._weights_as_peft, where, served)
-            await asyncio.to_thread(self.rollout.load_adapter, served, tensors, config)
+                tensors, config = await self.on_learner(self._weights_as_peft, where, served)
+            await self.on_engines(self.rollout.load_adapter, served, tensors, config)
             self._loaded.add(served)
         return self.new_sampler(session_id, seq, served, self.cfg.model.path, model_path)
 
@@ -244,7 +257,7 @@ class TinkerService:
         prompt_logprobs = bool(body.get("prompt_logprobs"))
         params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
                                  self.cfg.rollout.sampling, prompt_logprobs)
-        [group] = await asyncio.to_thread(lambda: self.rollout.generate([prompt], params, adapter=sampler.adapter))
+        [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=sampler.adapter))
         prompt_lp = prompt_token_logprobs(group[0], prompt) if prompt_logprobs else None
         return Outcome(proto=wire.sample_response(group, prompt_lp))
 
