@@ -112,7 +112,7 @@ def test_backends_refuse_the_request_too():
 
 def test_swapping_engines_keeps_the_shared_fields():
     vllm = VllmConfig(platform="gpu", max_model_len=512, extra_args={"a": 1}, tensor_parallel_size=2)
-    # Every field EngineConfig declares means the same on both engines (startup_timeout_s: their defaults differ).
+    # Every field EngineConfig declares means the same on both engines (startup_timeout_s: its unset default differs).
     shared = vllm.model_dump(include=set(EngineConfig.model_fields) - {"startup_timeout_s"})
     sglang = SglangJaxConfig(**shared)
     assert sglang.platform == "gpu" and sglang.extra_args == {"a": 1} and sglang.tensor_parallel_size == 2
