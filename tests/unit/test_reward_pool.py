@@ -318,6 +318,7 @@ def test_a_setsid_grandchild_dies_with_its_worker_and_with_the_pool(workdir, kin
         else:
             assert outcome.values == [grandchild] and _alive(grandchild)
     assert not _alive(grandchild) and not leftovers(pool), f"pid {grandchild} outlived the pool ({kind})"
+    assert kind == "tree" or not pool.box.path.exists(), f"the pool's cgroup {pool.box.path} was left behind"
 
 
 def test_a_reward_imports_from_folders_its_user_cannot_reach(workdir) -> None:
