@@ -199,8 +199,18 @@ def _kill_group(group: Path, kind: str) -> set[int]:
     if kind == "cgroup2":
         (group / "cgroup.kill").write_text("1")
     seen |= _kill_until_empty(lambda: {int(p) for p in procs.read_text().split()}, signal_them=kind != "cgroup2")
-    with contextlib.suppress(OSError):  # still busy after KILL_WAIT_S: left behind, empty or not
-        group.rmdir()
+    # cgroup.procs no longer lists a task that is exiting, but until it has exited the group is busy (EBUSY).
+    deadline = time.monotonic() + KILL_WAIT_S
+    while True:
+        try:
+            group.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            if time.monotonic() > deadline:  # still busy: left behind
+                break
+            time.sleep(0.01)
     return seen
 
 

@@ -27,6 +27,7 @@ module is importable in them exactly as in the driver (PYTHONPATH, the run's wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -132,9 +133,16 @@ class _Worker:
     def kill(self) -> None:
         """SIGKILL the worker and everything it started (its container slot); reap it."""
         self.killed = True
+        self.stop()
         killed = self.box.kill(self.slot)
         self.close()  # reaps the worker, whose dead children then go to init to be reaped
         settle(killed)
+
+    def stop(self) -> None:
+        """SIGKILL the worker itself first: one still starting has not joined its group yet, and a kill of the
+        group alone would miss it (and leave the group behind when it joins after the group is removed)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
 
     def close(self) -> None:
         self.proc.wait()
@@ -256,9 +264,11 @@ class RewardPool:
 
     def close(self) -> None:
         """Kill every worker and all they started, remove the container (idempotent)."""
-        killed = self._finalizer() or set()
         for worker in self._workers:
             worker.killed = True
+            worker.stop()
+        killed = self._finalizer() or set()
+        for worker in self._workers:
             worker.close()
         self._workers = []
         settle(killed)
