@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import hostile_reward_source
 import pytest
 import ray
 
@@ -39,29 +40,7 @@ def daemon(prompts, completions, **kwargs):
         os._exit(0)
     os.wait()
     return [1.0] * len(completions)
-
-def raises(prompts, completions, **kwargs):
-    raise ValueError("scorer bug")
-
-def exits(prompts, completions, **kwargs):
-    os._exit(3)
-
-def fork_bomb(prompts, completions, **kwargs):
-    if os.getuid() == 0 or resource.getrlimit(resource.RLIMIT_NPROC)[0] > 10_000:
-        raise RuntimeError("no task bound here: a fork bomb would take the box, so this one refuses to start")
-    while True:
-        try:
-            os.fork()
-        except OSError:
-            pass
-
-def pause_ignoring_sigterm(prompts, completions, **kwargs):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pause()
-
-def gil_loop(prompts, completions, **kwargs):
-    return [float(sum(range(10**15)))] * len(completions)  # one C call that never releases the GIL
-'''
+''' + hostile_reward_source.HOSTILE
 HANGS = ("fork_bomb", "pause_ignoring_sigterm", "gil_loop")
 EXAMPLE = "examples.your_own_task.my_rewards"
 # The daemon comes first: calls go out in term order, and a fork bomb takes every task the pool's user may run until

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+import hostile_reward_source
 from rewards import RewardsConfig, Sample, TrainingProgress, setup_rewards
 from rewards.config import RewardPoolConfig
 from rewards.containment import TOKEN_VAR, members
@@ -47,14 +48,8 @@ async def maybe(prompts, completions, **kwargs):
     await asyncio.sleep(0)
     return [None if "skip" in c[0]["content"] else 0.5 for c in completions]
 
-def raises(prompts, completions, **kwargs):
-    raise ValueError("scorer bug")
-
 def sleeps(prompts, completions, **kwargs):
     time.sleep(10**6)
-
-def exits(prompts, completions, **kwargs):
-    os._exit(3)
 
 def eats(prompts, completions, **kwargs):
     hoard = []
@@ -72,23 +67,6 @@ def infinite(prompts, completions, **kwargs):
 
 def ok(prompts, completions, **kwargs):
     return [1.0] * len(completions)
-
-def pause_ignoring_sigterm(prompts, completions, **kwargs):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pause()
-
-def gil_loop(prompts, completions, **kwargs):
-    return [float(sum(range(10**15)))] * len(completions)  # one C call that never releases the GIL
-
-def fork_bomb(prompts, completions, **kwargs):
-    import resource
-    if os.getuid() == 0 or resource.getrlimit(resource.RLIMIT_NPROC)[0] > 10_000:
-        raise RuntimeError("no task bound here: a fork bomb would take the box, so this one refuses to start")
-    while True:
-        try:
-            os.fork()
-        except OSError:
-            pass
 
 def segfault(prompts, completions, **kwargs):
     import ctypes
@@ -149,7 +127,7 @@ def limits(prompts, completions, **kwargs):
     import resource
     names = ("RLIMIT_DATA", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE")
     return [float(resource.getrlimit(getattr(resource, n))[1]) for n in names] + [float(os.getuid())]
-'''
+''' + hostile_reward_source.HOSTILE
 
 
 @pytest.fixture
