@@ -5,7 +5,7 @@ What the Learner builds from real weights, built here from config.json alone (no
   safetensors loader does), every weight cast to `param_dtype` (as the loader does);
 - Qwix LoRA applied to that abstract model (as `learner.lora.apply_lora` does to the loaded one);
 - the optimizer state's shapes and shardings from compiling `tx.init`, as the Learner runs it.
-The jitted step pieces are the Learner's own (`Learner._compiled`, `train_step.make_apply_fn`), lowered with
+The jitted step pieces are the Learner's own (`learner.learner.grpo_pieces`, `train_step.make_apply_fn`), lowered with
 `jax.ShapeDtypeStruct` inputs and compiled for the mesh's devices: CPU devices, or a TPU topology description
 (`jax.experimental.topologies`, needs libtpu importable). XLA's memory and cost analyses come back per device.
 This is MaxText's train_compile technique.
@@ -30,9 +30,8 @@ from learner import train_step as ts
 from learner.batch import bucket_length
 from learner.compiled_figures import compile_figures
 from learner.config import LearnerConfig
-from learner.learner import Learner
+from learner.learner import Learner, grpo_pieces
 from learner.lora import apply_lora
-from learner.loss import LossOptions
 from learner.sampling import SamplingTransform
 from learner.model import DTYPES, family_of, fix_rope_theta, tunix_config
 
@@ -142,8 +141,7 @@ def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mes
     again: its analyses are read from there (learner/compiled_figures.py)."""
     devices = list(mesh.devices.flat)
     figures = lambda lowered: compile_figures(lowered, devices, figures_dir)
-    owner = SimpleNamespace(cfg=cfg, _parts=parts, _opts=LossOptions.of(cfg.grpo), _fns={})
-    logprob_fn, accumulate = Learner._compiled(owner, sampling, geo.off_policy)
+    logprob_fn, accumulate = grpo_pieces(cfg, parts, sampling, geo.off_policy)
     tx = ts.make_optimizer(cfg.optimizer)
     opt_state = abstract_opt_state(tx, lora, mesh)
     mb = abstract_micro_batch(mesh, geo.micro, geo.length, geo.window)

@@ -186,11 +186,7 @@ class Learner:
     def _compiled(self, sampling: SamplingTransform, off_policy: bool):
         key, fns = (sampling, off_policy), self.adapters[POLICY].fns
         if key not in fns:
-            raw, chunk = self.cfg.grpo.engine_logprobs == "raw", self.cfg.logprob_chunk
-            fns[key] = (
-                ts.make_logprob_fn(self._parts, sampling, raw, chunk),
-                ts.make_accumulate_fn(self._parts, sampling, self._opts, raw, off_policy, chunk),
-            )
+            fns[key] = grpo_pieces(self.cfg, self._parts, sampling, off_policy)
         return fns[key]
 
     def _put(self, packed: PackedBatch, rows: slice, weights: np.ndarray) -> ts.MicroBatch:
@@ -349,6 +345,14 @@ class Learner:
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.close()
+
+
+def grpo_pieces(cfg: LearnerConfig, parts: ts.ModelParts, sampling: SamplingTransform, off_policy: bool):
+    """The jitted pieces of a GRPO update (logprobs, gradient accumulation) for `parts`: what the learner runs and
+    preflight compiles for hardware it does not have (learner/aot.py)."""
+    raw, chunk = cfg.grpo.engine_logprobs == "raw", cfg.logprob_chunk
+    return (ts.make_logprob_fn(parts, sampling, raw, chunk),
+            ts.make_accumulate_fn(parts, sampling, LossOptions.of(cfg.grpo), raw, off_policy, chunk))
 
 
 def _abstract(tree: Any) -> Any:
