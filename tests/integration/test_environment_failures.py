@@ -45,8 +45,9 @@ def hostile_run(tmp_path_factory, tiny_model_dir) -> tuple[Path, subprocess.Comp
 
 
 def test_each_failure_ends_its_episode_and_is_counted_while_the_run_finishes(hostile_run):
-    """Fails on main at c3b0474: the synchronous steps that never return held their threads, so step 1 never
-    finished (the timeouts were logged, nothing more), and this run hit the test's timeout."""
+    """Fails on main at c3b0474: there a plain step ran on a thread of the driver, and the one looping in C held the
+    GIL and froze the driver: step 1 never finished and the run hit the fixture's timeout (checked with it at 300 s:
+    `1 error in 301.26s`, train.log silent after step 1's first episode errors)."""
     run_dir, proc, _ = hostile_run
     assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     rows = read_metrics(run_dir)
