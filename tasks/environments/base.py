@@ -8,8 +8,8 @@ up over the replies (and `close`).
 
 Each method may be a plain function or a coroutine function (`async def`): an environment that waits on I/O
 awaits, one that computes returns. Every call runs with a timeout (`environment.step_timeout_s`). An environment
-built from the config runs each episode in a process of its own (tasks/environments/host.py), killed at the timeout;
-one whose episodes are coroutines throughout (the verifiers adapter) runs in the driver's event loop.
+built from the config runs each episode in a process of its own (tasks/environments/host.py), killed at the timeout,
+coroutines included; the verifiers adapter runs in the driver's event loop.
 
 The model's turn is hostile input, as a completion is to a reward: parse it, never execute it.
 """

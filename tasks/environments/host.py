@@ -13,8 +13,10 @@ What stays in the driver: `HostedEnvironment.environment`, a copy built in the d
 `close()` reward. What does not: the environment's state after construction, which each episode's process has a
 copy of (an episode's changes to it are its own).
 
-An environment whose episodes are coroutines throughout runs in the driver's event loop instead (the verifiers
-adapter: tasks/environments/catalog.py), where cancellation already ends a call.
+A user's environment whose methods are coroutines is hosted too: a coroutine that calls something blocking without
+awaiting would hold the driver's event loop, and every episode with it. The verifiers adapter alone runs in the
+driver's event loop (tasks/environments/catalog.py): its episodes drive verifiers' own asyncio `Env.run`, and its
+rows hold verifiers' objects; there cancellation ends a call that awaits.
 """
 
 from __future__ import annotations
