@@ -70,6 +70,13 @@ class EnvironmentHost:
         self.control: socket.socket | None = None
         self.lock = threading.Lock()
 
+    def ready(self) -> None:
+        """Start the host unless it runs: imports and builds the environment, so it is not charged to a call's
+        timeout (the first episode's opening would pay for it otherwise)."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self._start()
+
     def open(self, row: Prompt) -> socket.socket:
         """A new episode of `row` in a process of its own: the driver's end of its socket."""
         data = pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL)
@@ -138,6 +145,7 @@ class HostedEnvironment:
             self.rows = environment.rows
 
     def episode(self, row: Prompt) -> HostedEpisode:
+        self.host.ready()  # blocks once, on the first episode
         return HostedEpisode(self.host, row)
 
     def close(self) -> None:

@@ -46,7 +46,7 @@ def wait_gone(pids: list[int], bound_s: float = 30.0) -> list[int]:
 
 @pytest.fixture
 def hostile():
-    env = setup_environment(EnvironmentConfig(name=HOSTILE, step_timeout_s=1))
+    env = setup_environment(EnvironmentConfig(name=HOSTILE))
     assert isinstance(env, HostedEnvironment)
     yield env
     env.close()
@@ -56,7 +56,12 @@ def row(env: HostedEnvironment, mode: str):
     return next(r for r in env.rows(None, "train") if r.reference["mode"] == mode)
 
 
-async def bounded(coro, timeout_s: float = 1.0):
+TIMEOUT_S = 1.0
+"""The timeout a call that never returns meets (a call that answers gets BOUND_S: a loaded box forks slowly)."""
+BOUND_S = 60.0
+
+
+async def bounded(coro, timeout_s: float = BOUND_S):
     """An environment call as the episode driver bounds it (tasks/episodes.py `_Play.env`)."""
     return await asyncio.wait_for(coro, timeout_s)
 
@@ -71,7 +76,7 @@ def test_a_step_that_never_returns_is_killed_at_its_timeout(hostile, mode):
         opening = await bounded(episode.opening())
         assert opening[0]["content"] == f"Say one word ({mode})."
         with pytest.raises(TimeoutError):
-            await bounded(episode.step(TURN))
+            await bounded(episode.step(TURN), TIMEOUT_S)
         assert await bounded(episode.close()) is None, "a killed episode has nothing to close"
         other = hostile.episode(row(hostile, "ok"))
         await bounded(other.opening())
