@@ -182,8 +182,9 @@ class HostedEpisode:
         try:
             return await self._call("close")
         finally:
-            self.writer.close()
-            self.writer = None
+            if self.writer is not None:  # a close that failed was abandoned (killed) already
+                self.writer.close()
+                self.writer = None
 
     def abandon(self, why: str) -> None:
         """Kill the episode's process group now (a timeout, a cancelled step): the episode is over."""

@@ -5,7 +5,8 @@ Each row names how its episodes' step behaves (`reference["mode"]`):
 - `raises`: raises ValueError;
 - `sleeps`: ignores SIGTERM and waits on an event nobody sets (a plain function that never returns);
 - `holds_gil`: one C call that never releases the GIL (`sum(range(10**15))`), which no thread can interrupt;
-- `awaits_forever`: a coroutine step that awaits an event nobody sets.
+- `awaits_forever`: a coroutine step that awaits an event nobody sets;
+- `close_sleeps` (not among the default rows): replies and ends the episode, then its `close` never returns.
 The openings always answer. Used by tests/unit/test_environment_host.py and
 tests/integration/test_environment_failures.py.
 """
@@ -21,15 +22,16 @@ from tasks.environments.base import Message, ModelTurn, Reply
 from tasks.prompt import Prompt
 
 MODES = ("ok", "raises", "sleeps", "holds_gil", "awaits_forever")
+KNOWN = (*MODES, "close_sleeps")
 
 
 class Hostile:
     """One row per mode in `modes`, in both splits."""
 
     def __init__(self, modes: tuple[str, ...] | list[str] = MODES):
-        unknown = set(modes) - set(MODES)
+        unknown = set(modes) - set(KNOWN)
         if unknown:
-            raise ValueError(f"modes {sorted(unknown)}: choose from {list(MODES)}")
+            raise ValueError(f"modes {sorted(unknown)}: choose from {list(KNOWN)}")
         self.modes = tuple(modes)
 
     def rows(self, data, split: str) -> list[Prompt]:
@@ -60,6 +62,8 @@ class HostileEpisode:
         return Reply(reward=float(len(turn.text) % 2 == 0), done=True, info={"ok_steps": 1})
 
     def close(self) -> float:
+        if self.mode == "close_sleeps":
+            threading.Event().wait()
         return 0.0
 
 

@@ -105,6 +105,24 @@ def test_a_step_that_raises_comes_back_as_its_exception_line(hostile):
     assert repr(err.value) == "ValueError('hostile step')"
 
 
+def test_a_close_that_never_returns_is_killed_at_its_timeout():
+    env = setup_environment(EnvironmentConfig(name=HOSTILE, params={"modes": ["close_sleeps"]}))
+
+    async def play():
+        episode = env.episode(env.rows(None, "train")[0])
+        await bounded(episode.opening())
+        assert (await bounded(episode.step(TURN))).done
+        with pytest.raises(TimeoutError):
+            await bounded(episode.close(), TIMEOUT_S)
+        return episode.pid
+
+    try:
+        pid = asyncio.run(play())
+        assert wait_gone([pid]) == [], "the episode process of a close that never returned outlived its timeout"
+    finally:
+        env.close()
+
+
 def test_closing_the_environment_ends_its_host_and_every_episode(hostile):
     """Episodes still in a call when the environment closes (a run that ends) do not outlive it."""
 
