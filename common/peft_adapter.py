@@ -14,6 +14,7 @@ checkpoint's layout without the learner (the rollout tests and benchmarks push i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,17 @@ def read_adapter(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 
     folder = Path(folder)
     return load_file(str(folder / ADAPTER_WEIGHTS)), json.loads((folder / ADAPTER_CONFIG).read_text())
+
+
+def checksum(tensors: dict[str, np.ndarray]) -> str:
+    """SHA-256 of an adapter's tensors (names, dtypes, shapes and values, in name order): equal exactly when the
+    weights are bit for bit the same, whichever process or file they came from."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        value = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def lora_scale(config: dict[str, Any]) -> float:

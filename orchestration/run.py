@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from common import peft_adapter
 from learner.handle import LearnerDied
 from orchestration import signals
 from orchestration.cluster import launch
@@ -89,16 +90,21 @@ def loop_state(parts: Parts, step: int, extra: dict) -> LoopState:
     return LoopState(step=step, data=extra["data"], saved_step=step)
 
 
-def serve_restored_policy(parts: Parts, step: int) -> None:
-    """A fresh engine serves the base model: push the restored adapter before the first generation."""
-    if step > 0:
-        parts.rollout.push_lora(step, *parts.learner.save_for_sampler())
-        log.info("resumed at step %d (adapter version %d pushed)", step, step)
+def serve_restored_policy(parts: Parts, step: int) -> dict | None:
+    """A fresh engine serves the base model: push the restored adapter before the first generation. Returns what
+    was restored (the step and the LoRA's checksum, which summary.json keeps), None for a new run."""
+    if step == 0:
+        return None
+    tensors, adapter_config = parts.learner.save_for_sampler()
+    restored = {"step": step, "lora_sha256": peft_adapter.checksum(tensors)}
+    parts.rollout.push_lora(step, tensors, adapter_config)
+    log.info("resumed at step %d (adapter version %d pushed; LoRA sha256 %s)", step, step, restored["lora_sha256"])
+    return restored
 
 
-def finish(cfg: RunConfig, parts: Parts, placement: dict) -> None:
+def finish(cfg: RunConfig, parts: Parts, placement: dict, resumed: dict | None) -> None:
     """Export the final adapter (to the run dir, where the driver and a user can read it), draw the plots, write a
-    short summary."""
+    short summary (with what a resume restored)."""
     run_dir = parts.run_dir
     adapter_dir = parts.learner.export(run_dir.path("adapter"))
     rows = read_metrics(run_dir.local)
@@ -107,6 +113,8 @@ def finish(cfg: RunConfig, parts: Parts, placement: dict) -> None:
     summary = summarize(rows)
     summary["adapter"] = str(adapter_dir)
     summary["placement"] = placement
+    if resumed is not None:
+        summary["resumed"] = resumed
     (run_dir.local / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("summary: %s", json.dumps(summary))
     log.info("serve the trained adapter: aha serve %s", run_dir)
@@ -182,10 +190,10 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
         judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term's engine: the training one or its own
         fault.parts = parts
         placement = placement_of(parts)
-        serve_restored_policy(parts, step)
+        resumed = serve_restored_policy(parts, step)
         state = loop_state(parts, step, extra)
         train_loop(cfg, parts, state, fault)
-        finish(cfg, parts, placement)
+        finish(cfg, parts, placement, resumed)
     except (KeyboardInterrupt, LearnerDied) as caught:
         # A signal taken inside a Ray call comes back as a plain KeyboardInterrupt (orchestration/signals.py).
         exc = signals.interrupted(caught) if isinstance(caught, KeyboardInterrupt) else caught

@@ -14,8 +14,10 @@ model tokens only (learner/batch.py).
 
 Limits (`environment:`): `max_turns` model turns; `max_episode_tokens` tokens after the opening (each turn's
 max_tokens is cut to what is left, and a reply that does not fit ends the episode); `step_timeout_s` per environment
-call. An environment that raises or times out ends its episode: its reward is 0 and the line is logged
-(rewards.on_error: zero), or the step fails (fail). The engine is called through the rollout handle's `generate`
+call, whatever the call does: an environment built from the config plays each episode in a process of its own,
+killed at the timeout (tasks/environments/host.py). A step or close that raises or times out ends its episode: its
+reward is 0 and the line is logged (rewards.on_error: zero), or the step fails (fail); an opening that fails fails
+the step (the group has no prompt to train on). The engine is called through the rollout handle's `generate`
 (one request per turn, in a thread pool), so a dead server is restarted and a replica fleet spreads the turns as it
 spreads groups.
 """
@@ -148,6 +150,10 @@ async def _play_episode(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: l
         await _turns(ctx, row, episode, prompt_ids, turn, seed, out, info)
     except EnvironmentFailed as exc:
         failed = exc
+    except BaseException:  # the engine failed or the step was cancelled: an episode's process must not outlive it
+        if hasattr(episode, "abandon"):
+            episode.abandon("the step ended")
+        raise
     if hasattr(episode, "close"):  # also after a failure: the environment may hold resources for the episode
         try:
             last = await ctx.env(f"{row.uid}: close", episode.close)

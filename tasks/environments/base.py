@@ -7,8 +7,9 @@ a user message) to the conversation as tokens, until a reply says `done` or a li
 up over the replies (and `close`).
 
 Each method may be a plain function or a coroutine function (`async def`): an environment that waits on I/O
-awaits, one that computes returns. A step runs with a timeout (`environment.step_timeout_s`); a plain function runs
-in a worker thread so a slow one cannot stall the other episodes.
+awaits, one that computes returns. Every call runs with a timeout (`environment.step_timeout_s`). An environment
+built from the config runs each episode in a process of its own (tasks/environments/host.py), killed at the timeout,
+coroutines included; the verifiers adapter runs in the driver's event loop.
 
 The model's turn is hostile input, as a completion is to a reward: parse it, never execute it.
 """
@@ -16,6 +17,7 @@ The model's turn is hostile input, as a completion is to a reward: parse it, nev
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -84,10 +86,33 @@ def own_rows(environment: Environment, data: DataConfig, split: str) -> list[Pro
 
 
 async def call(fn: Any, *args: Any) -> Any:
-    """Await `fn(*args)`: a coroutine function directly, a plain function in a worker thread."""
+    """Await `fn(*args)`: a coroutine function directly, a plain function on a daemon thread of its own.
+
+    Not the event loop's default executor: `asyncio.run` waits for its threads when it ends, and the interpreter
+    waits for them at exit, so one call that never returned held the step and then the process (issue 38). A
+    cancelled call's thread runs on unobserved until it returns or the process ends; an environment built from the
+    config never gets here with a plain function (its episodes run in processes: tasks/environments/host.py)."""
     import asyncio
 
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(outcome: str, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if outcome == "ok" else future.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome, value = "ok", fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting call as it is
+            outcome, value = "error", exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome, value)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+    threading.Thread(target=work, name=f"environment-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    result = await future
     return await result if inspect.isawaitable(result) else result

@@ -1,4 +1,5 @@
-"""The environment catalogue: built-in names, the verifiers adapter, import paths; and where a run's rows come from.
+"""The environment catalogue: built-in names, the verifiers adapter, import paths; where each runs; and where a run's
+rows come from.
 
 Built-ins are pydantic models whose fields are `environment.params`, so a typo is a config error at load time.
 `verifiers` and import paths are imported only when a run sets them up (verifiers alone takes ~15 s to import).
@@ -20,7 +21,19 @@ if TYPE_CHECKING:
 
 
 def setup_environment(cfg: EnvironmentConfig) -> Environment:
-    """The environment a run's episodes are played in."""
+    """The environment a run's episodes are played in: the verifiers adapter in the driver's event loop (its episodes
+    are coroutines, cancelled at the timeout), any other with each episode in a process of its own
+    (tasks/environments/host.py), so that a call that never returns is killed at the timeout."""
+    environment = build_environment(cfg)  # here too: an import error or a bad factory fails the run in seconds
+    if cfg.name == "verifiers":
+        return environment
+    from tasks.environments.host import HostedEnvironment
+
+    return HostedEnvironment(cfg, environment)
+
+
+def build_environment(cfg: EnvironmentConfig) -> Environment:
+    """The environment object itself, in this process (the host process builds its own with this)."""
     if cfg.name in BUILT_IN:
         return check_params(cfg.name, cfg.params)  # type: ignore[return-value]
     if cfg.name == "verifiers":

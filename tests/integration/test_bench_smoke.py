@@ -54,3 +54,9 @@ def test_bench_rewards_scores_every_reward():
     for name in ("countdown", "format", "repetition", "math_answer"):
         assert _number(rf"(?m)^{name}\s+(\d+) scores/s", out) > 0
     assert "errors 0" in out, out
+
+
+def test_environment_host_cost_prints_its_figures():
+    out = _run("environment_host_cost.py", "--episodes", "4", "--turns", "2", "--rounds", "2")
+    assert _number(r"hosted: .* \(([\d.]+) ms an episode\)", out) > 0
+    assert _number(r"each episode's process ([\d.]+) MiB", out) > 0

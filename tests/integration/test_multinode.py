@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common import storage as uri
@@ -28,6 +29,10 @@ CONFIG = "configs/countdown_smollm2_cpu.yaml"
 TINY = [*E2E_TINY, "rollout.backend.kv_cache_space_gb=1"]  # the nodes share one box: a smaller KV cache per engine
 NODES = {"head": {}, "b": {"node_b": 1}, "c": {"node_c": 1, "engine_host": 1}, "d": {"node_d": 1, "engine_host": 1}}
 ENGINES = "rollout.resources.custom={engine_host: 1}"
+# The lost-node run's LoRA must move for its resume to prove the weights (the tiny model's Countdown rewards are all
+# 0): a reward that varies. One request in flight per engine: a redrawn step then meets the same engine batches,
+# so the same samples (docs/correctness.md, exact resume).
+MOVING = ['rewards.terms=[{fn: "tests.integration.varying_reward:even_tokens"}]', "rollout.client.max_concurrency=1"]
 
 
 @pytest.fixture(scope="module")
@@ -161,15 +166,17 @@ class KeyProbe(threading.Thread):
 
 @pytest.fixture(scope="module")
 def lost_node_run(cluster):
-    """`ray job submit` of 3 steps: driver on the head, learner on b, replicas on c and d, run dir on the bucket;
-    the last replica's node is killed after step 1 (`between:kill_node@1`). Meanwhile each engine is probed from
-    node b for the run's API key (KeyProbe): (run, job, {node: probe result})."""
+    """`ray job submit` of 4 steps: driver on the head, learner on b, replicas on c and d, run dir on the bucket,
+    checkpoints at steps 3 and 4, a reward that moves the LoRA; the last replica's node is killed after step 1
+    (`between:kill_node@1`). Meanwhile each engine is probed from node b for the run's API key (KeyProbe): (run,
+    job, {node: probe result})."""
     run = "gs://aha-runs/lost-node"
     probes = {name: KeyProbe(cluster, name) for name in ("c", "d")}
     for probe in probes.values():
         probe.start()
     job = cluster.submit(["python", "-m", "orchestration.cli.train", "--config", CONFIG, "--run-dir", run, *TINY,
-                          "train.steps=3", "rollout.replicas=2", ENGINES, "learner.resources.custom={node_b: 1}"],
+                          *MOVING, "train.steps=4", "train.save_every=3", "rollout.replicas=2", ENGINES,
+                          "learner.resources.custom={node_b: 1}"],
                          env_vars={"AHA_FAULT": "between:kill_node@1"})
     for probe in probes.values():
         probe.done.set()
@@ -177,22 +184,22 @@ def lost_node_run(cluster):
     return run, job, {name: probe.result for name, probe in probes.items()}
 
 
-def test_three_steps_finish_with_engines_on_other_nodes_and_one_node_lost(cluster, lost_node_run):
+def test_a_run_finishes_with_engines_on_other_nodes_and_one_node_lost(cluster, lost_node_run):
     """Fails on main: there the driver dialled each engine at 127.0.0.1 (the engine's own loopback, on another
     node), so the first generation failed; and `--run-dir gs://...` became the local folder `gs:/...`."""
     run, job, _ = lost_node_run
     assert job.returncode == 0, job_output(job)
     rows = read_rows(run)
-    assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost with the engine's node"
+    assert [r["step"] for r in rows] == [1, 2, 3, 4], "a step was lost with the engine's node"
     assert sum(r["rollout/restarts"] for r in rows) >= 1, "the lost replica was not recorded"
-    assert [r["rollout/adapter_version"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/adapter_version"] for r in rows] == [1, 2, 3, 4]
     summary = json.loads(uri.read_text(uri.join(run, "summary.json")))
     where = summary["placement"]
     assert where["driver"] == cluster.ips["head"] and where["learner"].startswith(cluster.ips["b"] + " "), where
     assert sorted(engine_nodes(summary)) == sorted([cluster.ips["c"], cluster.ips["d"]]), where
     assert summary["adapter"] == uri.join(run, "adapter")
     assert json.loads(uri.read_text(uri.join(run, "adapter", "adapter_config.json")))["peft_type"] == "LORA"
-    assert "3" in uri.list_names(uri.join(run, "checkpoints")), "the learner's checkpoint is not on the bucket"
+    assert {"3", "4"} <= set(uri.list_names(uri.join(run, "checkpoints"))), "the checkpoints are not on the bucket"
     assert rows[-1]["rollout/replica0/requests"] > 0 and rows[-1]["rollout/replica1/requests"] > 0
 
 
@@ -215,23 +222,64 @@ def test_the_run_key_is_required_on_every_v1_route_from_another_node(lost_node_r
     print("not probed to the end:", {name: got for name, got in probes.items() if name not in answered} or "none")
 
 
-def test_resume_with_the_learner_on_another_node_keeps_every_row(cluster, lost_node_run):
-    """`--resume` of a longer run (5 steps) with the learner on c instead of b and one engine (the single-engine
-    path, on a node other than the driver's): it continues from the checkpoint of step 3, every earlier row kept."""
+def checkpoint_lora(run: str, step: int, rank: int) -> dict:
+    """The LoRA weights of checkpoint `step` as the learner wrote them to the bucket, in PEFT names and layout (as
+    the learner's `save_for_sampler` gives them), read here with Orbax: not through any learner."""
+    import orbax.checkpoint as ocp
+
+    from learner.lora import peft_tensors
+
+    uri.use_emulator()
+    with ocp.CheckpointManager(uri.join(run, "checkpoints")) as manager:
+        restored = manager.restore(step, args=ocp.args.Composite(lora=ocp.args.StandardRestore()))
+    return peft_tensors(restored["lora"], rank)
+
+
+def as_if_killed_before_saving(run: str, step: int, kept: int) -> None:
+    """The run dir as a run leaves it that was killed after logging `step` and before its checkpoint was complete:
+    checkpoint `step` absent, saved.json at `kept` (what `RunDir.note_saved` last wrote). A resume redoes `step`."""
+    fs, inner = uri.filesystem(uri.join(run, "checkpoints", str(step)))
+    fs.rm(inner, recursive=True)
+    uri.write_text(uri.join(run, "saved.json"), json.dumps({"step": kept, "checkpoints": uri.join(run, "checkpoints")}))
+
+
+def test_resume_with_the_learner_on_another_node_restores_the_weights(cluster, lost_node_run):
+    """`--resume` to 5 steps with the learner on c instead of b and one engine (the single-engine path, on a node
+    other than the driver's), after the 4-step run is cut back to a run killed after logging step 4 and before
+    saving it: the restored LoRA is the one checkpoint 3 holds, bit for bit (its SHA-256), a LoRA that moved; the
+    redone step 4 has the uninterrupted run's loss and rewards; rows 1-3 are kept.
+    Fails on main at c3b0474: the run's LoRA never moved (every reward 0, so a restore of the initial weights
+    passed), and a resume did not say what it restored (summary.json had no `resumed`)."""
+    from common.peft_adapter import checksum
+
     run, first, _ = lost_node_run
     assert first.returncode == 0, job_output(first)
-    before = read_rows(run)
-    lost = [n for n in ("c", "d") if cluster.node_down(n)]
-    for name in lost:
+    uninterrupted = read_rows(run)
+    saved = checkpoint_lora(run, 3, rank=16)  # learner.lora.rank of the demo config
+    moved = [name for name, value in saved.items() if "lora_B" in name and np.any(value != 0)]
+    assert moved, "every LoRA B is still 0 at step 3: the run's LoRA never moved, so a restore proves nothing"
+    assert uninterrupted[2]["reward/total_std"] > 0, "the rewards did not vary: GRPO had nothing to learn"
+    as_if_killed_before_saving(run, 4, kept=3)
+    for name in [n for n in ("c", "d") if cluster.node_down(n)]:
         cluster.restart_node(name)
     job = cluster.submit(["python", "-m", "orchestration.cli.train", "--resume", run, "train.steps=5",
                           "rollout.replicas=1", "learner.resources.custom={node_c: 1}"])
     assert job.returncode == 0, job_output(job)
     rows = read_rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5], [r["step"] for r in rows]
-    assert rows[:3] == before, "a row written before the resume changed or was dropped"
-    assert rows[3]["rollout/adapter_version"] == 4, "the resumed run did not continue from the checkpoint"
+    assert rows[:3] == uninterrupted[:3], "a row written before the checkpoint changed or was dropped"
     summary = json.loads(uri.read_text(uri.join(run, "summary.json")))
+    assert summary["resumed"] == {"step": 3, "lora_sha256": checksum(saved)}, (
+        f"the resumed learner's LoRA is not checkpoint 3's: {summary.get('resumed')}")
+    redone, before = rows[3], uninterrupted[3]
+    print(f"step 4: loss {redone['learner/loss']!r} resumed vs {before['learner/loss']!r} uninterrupted; "
+          f"reward {redone['reward/total']!r} vs {before['reward/total']!r}; restored LoRA sha256 "
+          f"{summary['resumed']['lora_sha256'][:16]}; {len(moved)} of {sum('lora_B' in n for n in saved)} LoRA B "
+          "tensors moved from 0")
+    assert redone["rollout/adapter_version"] == 4, "the resumed run did not continue from the checkpoint"
+    assert redone["reward/total"] == before["reward/total"], "step 4 drew other samples after the resume"
+    assert redone["learner/loss"] == pytest.approx(before["learner/loss"], rel=1e-6, abs=1e-9), (
+        "the resumed learner's step-4 loss differs from the uninterrupted run's")
     assert summary["placement"]["learner"].startswith(cluster.ips["c"] + " "), summary["placement"]
     assert engine_nodes(summary)[0] in (cluster.ips["c"], cluster.ips["d"]), summary["placement"]
     assert summary["steps"] == 5

@@ -15,6 +15,7 @@ from tasks.environments.base import ModelTurn
 from tasks.environments.catalog import setup_environment
 from tasks.environments.config import EnvironmentConfig
 from tasks.environments.guessing import GuessingGame
+from tasks.environments.host import HostedEnvironment
 from tasks.environments.tool_calls import MAX_CALL_CHARS, MAX_CALLS, Tool, parse, run_calls
 from tasks.environments.tool_countdown import CALCULATOR, ToolCountdown, calculate
 
@@ -130,9 +131,12 @@ def test_guessing_rows_are_split_by_content_and_seeded():
 
 # ---- catalogue and config ----------------------------------------------------------------------------------------
 def test_catalogue_builds_built_ins_and_import_paths():
-    assert isinstance(setup_environment(EnvironmentConfig(name="guessing", params={"highs": [8, 8]})), GuessingGame)
+    """Built here too (an import error fails the run in seconds); their episodes run in processes of their own."""
+    guessing = setup_environment(EnvironmentConfig(name="guessing", params={"highs": [8, 8]}))
+    assert isinstance(guessing, HostedEnvironment) and isinstance(guessing.environment, GuessingGame)
     made = setup_environment(EnvironmentConfig(name="tasks.environments.tool_countdown:ToolCountdown"))
-    assert isinstance(made, ToolCountdown)
+    assert isinstance(made.environment, ToolCountdown) and made.stop == made.environment.stop
+    assert made.host.proc is None, "the host process starts with the first episode, not at setup"
     with pytest.raises(ValueError, match="cannot be imported"):
         setup_environment(EnvironmentConfig(name="no_such_module:Env"))
     with pytest.raises(ValueError, match="has no episode"):

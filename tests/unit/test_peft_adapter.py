@@ -38,3 +38,13 @@ def test_an_adapter_written_reads_back_with_peft_defaults(tmp_path):
     assert read.keys() == tensors.keys() and all(np.array_equal(read[k], tensors[k]) for k in tensors)
     assert config["peft_type"] == "LORA" and config["lora_dropout"] == 0.0 and config["use_rslora"] is False
     assert config == {**peft_adapter.PEFT_DEFAULTS, "r": 4, "lora_alpha": 8, "target_modules": ["down_proj"]}
+
+
+def test_checksum_is_equal_exactly_when_the_weights_are():
+    """What summary.json's `resumed.lora_sha256` rests on: name order does not matter, one ulp or a dtype does."""
+    a = {"b": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.ones((3, 2), np.float32)}
+    same = {"a": np.ones((3, 2), np.float32), "b": np.arange(6, dtype=np.float32).reshape(2, 3).T.copy().T}
+    assert peft_adapter.checksum(a) == peft_adapter.checksum(same)
+    nudged = {**a, "a": np.nextafter(a["a"], np.float32(2))}
+    assert peft_adapter.checksum(nudged) != peft_adapter.checksum(a)
+    assert peft_adapter.checksum({**a, "a": a["a"].astype(np.float64)}) != peft_adapter.checksum(a)
