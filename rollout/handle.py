@@ -122,9 +122,17 @@ class Rollout:
                              f"({self.cfg.backend.max_logprobs}); raise the latter")
 
     def _recover(self) -> bool:
-        """Restart a dead server (re-loading the adapter); False if it is alive, i.e. the failure was not death."""
+        """Restart a dead server (re-loading the adapter); False if it is alive, i.e. the failure was not death.
+        `ServerUnavailable` when its actor does not answer within rollout.client.silent_timeout_s either: its host
+        is unreachable (Ray itself declares a silent node dead only after its own health checks fail)."""
         import ray
 
+        try:
+            ray.get(self.actor.node.remote(), timeout=self.cfg.client.silent_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            limit = self.cfg.client.silent_timeout_s
+            raise ServerUnavailable(f"the rollout server's actor did not answer within {limit:g} s "
+                                    "(rollout.client.silent_timeout_s): its host is unreachable") from None
         event = ray.get(self.actor.ensure_alive.remote())
         if event is None:
             return False
