@@ -24,8 +24,9 @@ No sleeps, no timing: a test names where the fault lands.
 `ray job stop`): it stops (SIGSTOP) what the phase waits for, the engines (generate, refill, eval, push) or the
 learner's processes (learn, save), and once the main thread waits in the phase's own call (`WAITING_IN`) it writes
 "PHASE STEP" to the file named by `AHA_FAULT_HELD`. The test waits for that file, so it knows where the process is
-when it sends the signal; the processes are continued (SIGCONT) as soon as a signal has been taken, or after
-`HOLD_LIMIT_S`. Those processes must be on this host (the tests' box), as the engine kills' are.
+when it sends the signal; the processes are continued (SIGCONT) as soon as a signal has been taken, when the test
+deletes the file (a release without a signal: it has done what it wanted done meanwhile, e.g. taken a host's link
+down), or after `HOLD_LIMIT_S`. Those processes must be on this host (the tests' box), as the engine kills' are.
 """
 
 from __future__ import annotations
@@ -193,23 +194,25 @@ def held_processes(parts: Any, part: str) -> tuple[list[int], list[int]]:
 
 def hold_until_signalled(phase: str, step: int, groups: list[int], pids: list[int]) -> None:
     """Once the main thread waits in `phase`'s call, say so in the `AHA_FAULT_HELD` file; continue the held
-    processes as soon as this process has taken SIGINT or SIGTERM (or after HOLD_LIMIT_S)."""
+    processes as soon as this process has taken SIGINT or SIGTERM, the file is deleted, or HOLD_LIMIT_S passed."""
     from orchestration import signals
 
     main = threading.main_thread()
+    path = os.environ.get(HELD_ENV)
     taken = signals.taken()
     deadline = time.monotonic() + HOLD_LIMIT_S
     said = False
-    while time.monotonic() < deadline and signals.taken() == taken:
+    while time.monotonic() < deadline and signals.taken() == taken and not (said and path and not os.path.exists(path)):
         if not said and waiting(sys._current_frames().get(main.ident), WAITING_IN[phase]):
-            if path := os.environ.get(HELD_ENV):
+            if path:
                 with open(path, "w") as f:
                     f.write(f"{phase} {step}\n")
-            log.warning("%s: %s of step %d held until a signal arrives", ENV, phase, step)
+            log.warning("%s: %s of step %d held until a signal arrives or %s is deleted", ENV, phase, step, path)
             said = True
         time.sleep(0.01)
-    if signals.taken() == taken:
+    if time.monotonic() >= deadline:
         log.error("%s: no signal within %.0f s of holding %s; continuing it", ENV, HOLD_LIMIT_S, phase)
+    log.warning("%s: %s of step %d released", ENV, phase, step)
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGCONT)
