@@ -39,6 +39,11 @@ class ServerUnavailable(RuntimeError):
     """The server did not answer (connection refused/reset, timeout or 5xx) after all retries."""
 
 
+class ServerSilent(ServerUnavailable):
+    """The server answered no health check for rollout.client.silent_timeout_s while requests were in flight: its
+    host may be unreachable, so the caller cannot count on reaching its actor either."""
+
+
 class RolloutClient:
     """Async client of one server; `wire` is the backend whose payload/response format it speaks."""
 
@@ -98,7 +103,7 @@ class RolloutClient:
 
     async def _unless_silent(self, work: Coroutine[Any, Any, T]) -> T:
         """`work`'s result, unless the server answers no health check for cfg.silent_timeout_s first: then its
-        requests are cancelled and `ServerUnavailable` raised. A host whose network went silent (link down, packets
+        requests are cancelled and `ServerSilent` raised. A host whose network went silent (link down, packets
         dropped) neither answers nor closes a connection: a request in flight would wait out timeout_s per attempt."""
         task = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(self._silence())
@@ -115,7 +120,7 @@ class RolloutClient:
             task.cancel()  # an outer cancellation (an interrupted caller) ends both; a no-op on a finished task
 
     async def _silence(self) -> None:
-        """Poll GET /health every silent_timeout_s / 4 (each poll waiting as long); raise `ServerUnavailable` once
+        """Poll GET /health every silent_timeout_s / 4 (each poll waiting as long); raise `ServerSilent` once
         none has succeeded for silent_timeout_s. Its own connection: the requests' pool may be full."""
         limit = self.cfg.silent_timeout_s
         period = limit / 4
@@ -130,7 +135,7 @@ class RolloutClient:
                         answered = loop.time()
                 silent = loop.time() - answered
                 if silent >= limit:
-                    raise ServerUnavailable(f"{self.base_url} answered no health check for {silent:.1f} s with "
+                    raise ServerSilent(f"{self.base_url} answered no health check for {silent:.1f} s with "
                                             f"requests in flight (rollout.client.silent_timeout_s = {limit:g}): its "
                                             "host is unreachable or the server hangs")
 

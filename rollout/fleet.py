@@ -105,7 +105,9 @@ class RolloutFleet:
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._placement,
                                                                               placement_group_bundle_index=index)
-        return Rollout(self.cfg, self.model_path, options)
+        # A silent replica is taken out at once, not restarted in place: its host may be unreachable, and its
+        # actor with it until Ray's own health checks give up on the node (rollout.client.silent_timeout_s).
+        return Rollout(self.cfg, self.model_path, options, restart_silent=False)
 
     def start(self) -> str:
         """Start every replica's server concurrently (blocks until all are healthy); their base_urls, joined."""

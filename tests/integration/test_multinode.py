@@ -338,7 +338,8 @@ def test_a_silent_engine_node_is_declared_dead_at_the_deadline_and_the_run_finis
     unreachable by `rollout.client.silent_timeout_s` (10 s here), its group redrawn on c, and the run finishes.
 
     Fails on main at c3b0474: the request in flight on d waited out `rollout.client.timeout_s` (600 s) on each of its
-    3 attempts; nothing bounded it by less than 30 minutes."""
+    3 attempts, about 30 minutes (tests/unit/test_silent_server.py has the same on a silent listener); Ray declaring
+    the node dead does not end an HTTP request."""
     run = "gs://aha-runs/silent-engine"
     for name in ("c", "d"):  # an earlier test may have left a node down
         if cluster.node_down(name):
@@ -359,7 +360,8 @@ def test_a_silent_engine_node_is_declared_dead_at_the_deadline_and_the_run_finis
     rows = read_rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost with the silent replica"
     out = [line for line in logs.splitlines() if "rollout replica" in line and " out: " in line]
-    assert out and "rollout.client.silent_timeout_s" in out[0], f"not declared by the deadline: {out}\n{logs[-6000:]}"
+    timeline = "\n".join(line for line in logs.splitlines() if "AHA_FAULT" in line or " out: " in line)
+    assert out and "rollout.client.silent_timeout_s" in out[0], f"not declared by the deadline:\n{timeline}"
     assert rows[1]["rollout/restarts"] >= 1, "the silent replica was not counted at step 2"
     print(f"silent engine node: declared unreachable {log_seconds(logs, 'generate of step 2 released', ' out: ')} s "
           f"after its link went down (silent_timeout_s 10): {out[0]}")

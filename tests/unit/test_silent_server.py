@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from common.sampling import SamplingParams
-from rollout.client import RolloutClient, ServerUnavailable
+from rollout.client import RolloutClient, ServerSilent
 from rollout.config import ClientConfig, VllmConfig
 from rollout.vllm_server import VllmBackend
 
@@ -41,6 +41,6 @@ def test_requests_to_a_silent_server_end_at_the_silent_deadline_not_at_the_read_
         return await asyncio.wait_for(client.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=4),
                                                       on_sent=lambda: sent.append(1)), GUARD_S)
 
-    with pytest.raises(ServerUnavailable, match=r"answered no health check .*rollout.client.silent_timeout_s = 0.8"):
+    with pytest.raises(ServerSilent, match=r"answered no health check .*rollout.client.silent_timeout_s = 0.8"):
         asyncio.run(go())
     assert sent == [1], "the request never went out: the deadline was not tested with a request in flight"
