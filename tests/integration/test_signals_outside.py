@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,18 +39,6 @@ EXIT_S = 300  # for the run to save and exit once signalled
 # Ray's workers and the engine's processes end after the run's own process: a leftover is one still alive after this.
 LEFTOVER_S = 60
 EVAL = ["eval.every=1", "eval.prompts=2", "eval.k=2", "eval.max_tokens=8"]
-
-
-@dataclass
-class Stopped:
-    """A run signalled from outside while held at a phase."""
-
-    spec: str
-    signum: int
-    returncode: int
-    out: str
-    run_dir: Path
-    leftovers: list[int]
 
 
 def wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
@@ -118,38 +105,30 @@ HELD = {
 }
 
 
-@pytest.fixture(scope="module", params=list(HELD), ids=list(HELD))
-def stopped(request, tmp_path_factory, tiny_model_dir) -> Stopped:
-    spec = request.param
-    signum, to_group, overrides = HELD[spec]
-    phase, _, step = spec.partition("@")
-    workdir = tmp_path_factory.mktemp(f"held-{phase}")
-    run_dir = workdir / "run"
-    code, out, left = signal_held(train_cmd("--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, *overrides),
-                                  phase, int(step), signum, to_group, workdir)
-    return Stopped(spec, signum, code, out, run_dir, left)
-
-
-def test_train_signalled_from_outside_saves_the_last_finished_step_says_so_once_and_exits(stopped):
+@pytest.mark.parametrize("spec", list(HELD))
+def test_train_signalled_from_outside_saves_the_last_finished_step_says_so_once_and_exits(spec, tmp_path,
+                                                                                           tiny_model_dir):
     """Fails on main at c3b0474: there was no `hold` fault to reach a phase from outside, and the in-loop eval was no
     phase (no fault point; a run stopped during it said `phase push`, the last phase entered)."""
-    phase, _, step = stopped.spec.partition("@")
-    name = signal.Signals(stopped.signum).name
-    out = stopped.out
-    assert stopped.returncode == 128 + stopped.signum, f"{stopped.spec}: exit {stopped.returncode}:\n{out[-4000:]}"
+    signum, to_group, overrides = HELD[spec]
+    phase, _, step = spec.partition("@")
+    run_dir = tmp_path / "run"
+    code, out, left = signal_held(train_cmd("--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, *overrides),
+                                  phase, int(step), signum, to_group, tmp_path)
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, f"{spec}: exit {code}:\n{out[-4000:]}"
     lines = stop_lines(out)
-    assert len(lines) == 1, f"{stopped.spec}: expected one stop line, got {lines}:\n{out[-4000:]}"
+    assert len(lines) == 1, f"{spec}: expected one stop line, got {lines}:\n{out[-4000:]}"
     # The last finished step: the one before a step whose generation was stopped; the step itself from its update on
     # (an update in flight is finished and logged first).
     expected = int(step) - 1 if phase == "generate" else int(step)
     assert f"at phase {phase} of step {step} (interrupted by {name})" in lines[0], lines[0]
     assert f"checkpoint saved at step {expected};" in lines[0] and "--resume" in lines[0], lines[0]
-    assert saved_step(stopped.run_dir) == expected, f"{stopped.spec}: checkpoint of step {saved_step(stopped.run_dir)}"
-    assert json.loads((stopped.run_dir / "saved.json").read_text())["step"] == expected
-    assert [r["step"] for r in read_metrics(stopped.run_dir)] == list(range(1, expected + 1)), "a finished step's row"
-    assert "Traceback" not in out, f"{stopped.spec}: a traceback on the way out:\n{out[-4000:]}"
-    assert stopped.leftovers == [], f"{stopped.spec}: processes of the run alive {LEFTOVER_S} s after it exited: " \
-                                    f"{stopped.leftovers}"
+    assert saved_step(run_dir) == expected, f"{spec}: checkpoint of step {saved_step(run_dir)}"
+    assert json.loads((run_dir / "saved.json").read_text())["step"] == expected
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, expected + 1)), "a finished step's row"
+    assert "Traceback" not in out, f"{spec}: a traceback on the way out:\n{out[-4000:]}"
+    assert left == [], f"{spec}: processes of the run alive {LEFTOVER_S} s after it exited: {left}"
 
 
 def test_eval_signalled_from_outside_while_generating_stops_with_one_line(tmp_path, tiny_model_dir):
