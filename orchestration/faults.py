@@ -186,7 +186,8 @@ def held_processes(parts: Any, part: str) -> tuple[list[int], list[int]]:
         rollout = parts.rollout
         replicas = getattr(rollout, "replicas", None)
         actors = [r.rollout.actor for r in replicas] if replicas else [rollout.actor]
-        return [pgid for pgid in ray.get([a.pid.remote() for a in actors]) if pgid is not None], []
+        live = [a for a in actors if a is not None]  # a replica being rebuilt may have no actor yet
+        return [pgid for pgid in ray.get([a.pid.remote() for a in live]) if pgid is not None], []
     from ray._private import state  # the actor table: Ray's public state API needs the dashboard, off in a local run
 
     return [], [int(state.actors(actor._actor_id.hex())["Pid"]) for actor in parts.learner.actors]
