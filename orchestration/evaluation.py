@@ -62,12 +62,14 @@ class PolicyScores:
 
 
 def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None, environment=None, limits=None) -> PolicyScores:
+                 on_progress: Callable[[int], None] | None = None, environment=None, limits=None,
+                 on_sent: Callable[[], None] | None = None) -> PolicyScores:
     """Generate params.n samples per prompt with the adapter now on the server and score them; with an
     `environment` (and its episode `limits`), each sample is an episode (tasks/episodes.py), its
     environment's reward logged as `env` (and "solved" when no task reward is configured).
 
-    `on_progress(prompts_done)` is called after each chunk (a progress bar's update).
+    `on_progress(prompts_done)` is called after each chunk (a progress bar's update); `on_sent()` as each chunk's
+    first request goes out (the eval phase's fault point, orchestration/faults.py).
     """
     if not prompts:
         raise ValueError("score_policy needs at least one prompt")
@@ -75,7 +77,8 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
     groups, texts, answers = [], [], []
     for start in range(0, len(prompts), CHUNK_PROMPTS):
         chunk = prompts[start : start + CHUNK_PROMPTS]
-        drawn = sample_groups(rollout, renderer, chunk, params, environment=environment, limits=limits)
+        drawn = sample_groups(rollout, renderer, chunk, params, environment=environment, limits=limits,
+                              on_sent=on_sent)
         groups += drawn.completions
         texts += drawn.texts
         answers += drawn.answers
@@ -126,8 +129,10 @@ def is_eval_step(cfg: RunConfig, step: int) -> bool:
     return every > 0 and (step % every == 0 or step == cfg.train.steps)
 
 
-def maybe_eval(cfg: RunConfig, parts: Parts, step: int) -> dict[str, float] | None:
-    """If `step` is an eval step, score the held-out prompts with the current adapter, log and return the metrics."""
+def maybe_eval(cfg: RunConfig, parts: Parts, step: int,
+               on_sent: Callable[[], None] | None = None) -> dict[str, float] | None:
+    """If `step` is an eval step, score the held-out prompts with the current adapter, log and return the metrics
+    (`on_sent`: the loop's eval phase fault point)."""
     if not is_eval_step(cfg, step):
         return None
     t0 = time.perf_counter()
@@ -135,7 +140,7 @@ def maybe_eval(cfg: RunConfig, parts: Parts, step: int) -> dict[str, float] | No
     params = eval_sampling(cfg.rollout.sampling, e.k, e.temperature, e.max_tokens)
     prompts = held_out(cfg, parts)
     scores = score_policy(parts.rollout, parts.renderer, parts.rewards, prompts, params,
-                          environment=parts.environment, limits=run_limits(cfg))
+                          environment=parts.environment, limits=run_limits(cfg), on_sent=on_sent)
     metrics: dict[str, float] = {"eval/reward": float(scores.totals.mean()),
                                  "eval/completion_len_mean": float(scores.lengths.mean())}
     if scores.solved is not None:

@@ -20,7 +20,8 @@ async: while learn(k) runs in the learner, the driver generates ahead up to step
 With `train.dynamic_sampling` a step draws more prompts until its batch holds enough groups whose rewards vary
 (orchestration/dynamic_sampling.py). Each request's seed comes from (train.seed, step, prompt index), the index
 counting over all of a step's draws, so a resumed run draws the same samples as an uninterrupted one. The phases
-(generate, refill, score, learn, push, save, between; orchestration/phases.py) are where a test's fault lands.
+(generate, refill, score, learn, push, eval, save, between; orchestration/phases.py) are where a test's fault
+lands.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
         parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete
         state.unlogged = None
         log_samples(parts.run_dir, batch)
-        maybe_eval(cfg, parts, step)
+        with phases.enter("eval", step) as evaluation:  # its fault: once the eval's requests are out
+            maybe_eval(cfg, parts, step, on_sent=evaluation.fault)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state, phases)
             log.info("checkpoint saved at step %d", step)

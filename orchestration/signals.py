@@ -43,6 +43,11 @@ def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+def taken() -> int:
+    """How many signals the handler has taken so far (a test's hold waits for the next one)."""
+    return len(_received)
+
+
 def interrupted(exc: KeyboardInterrupt) -> Interrupted:
     """`exc` as an `Interrupted` naming its signal, also when Ray re-raised it as a plain KeyboardInterrupt."""
     if isinstance(exc, Interrupted):

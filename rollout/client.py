@@ -10,11 +10,12 @@ server cannot be reached after the retries, `ServerUnavailable` tells the caller
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import httpx
 
@@ -23,6 +24,7 @@ from rollout.config import ClientConfig
 from common.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @functools.cache
@@ -35,6 +37,11 @@ def _tls_context() -> ssl.SSLContext:
 
 class ServerUnavailable(RuntimeError):
     """The server did not answer (connection refused/reset, timeout or 5xx) after all retries."""
+
+
+class ServerSilent(ServerUnavailable):
+    """The server answered no health check for rollout.client.silent_timeout_s while requests were in flight: its
+    host may be unreachable, so the caller cannot count on reaching its actor either."""
 
 
 class RolloutClient:
@@ -84,12 +91,53 @@ class RolloutClient:
                     data = await self._post(http, "/v1/completions", payload)
                 return self._completions(data, adapter_version, expected=params.n)
 
-            try:
-                async with asyncio.TaskGroup() as group:  # the first failure cancels the rest
-                    tasks = [group.create_task(one(p)) for p in payloads]
-            except ExceptionGroup as group_error:  # callers handle our error types, not a group of them
-                raise group_error.exceptions[0] from None
-        return [t.result() for t in tasks]
+            async def every() -> list[list[Completion]]:
+                try:
+                    async with asyncio.TaskGroup() as group:  # the first failure cancels the rest
+                        tasks = [group.create_task(one(p)) for p in payloads]
+                except ExceptionGroup as group_error:  # callers handle our error types, not a group of them
+                    raise group_error.exceptions[0] from None
+                return [t.result() for t in tasks]
+
+            return await self._unless_silent(every())
+
+    async def _unless_silent(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work`'s result, unless the server answers no health check for cfg.silent_timeout_s first: then its
+        requests are cancelled and `ServerSilent` raised. A host whose network went silent (link down, packets
+        dropped) neither answers nor closes a connection: a request in flight would wait out timeout_s per attempt."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(self._silence())
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # its requests cancelled
+            raise watch.exception()
+        finally:
+            watch.cancel()
+            task.cancel()  # an outer cancellation (an interrupted caller) ends both; a no-op on a finished task
+
+    async def _silence(self) -> None:
+        """Poll GET /health every silent_timeout_s / 4 (each poll waiting as long); raise `ServerSilent` once
+        none has succeeded for silent_timeout_s. Its own connection: the requests' pool may be full."""
+        limit = self.cfg.silent_timeout_s
+        period = limit / 4
+        loop = asyncio.get_running_loop()
+        answered = loop.time()
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=period, headers=self.wire.auth_headers(),
+                                     verify=_tls_context()) as http:
+            while True:
+                await asyncio.sleep(period)
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get("/health")).status_code == 200:
+                        answered = loop.time()
+                silent = loop.time() - answered
+                if silent >= limit:
+                    raise ServerSilent(f"{self.base_url} answered no health check for {silent:.1f} s with "
+                                            f"requests in flight (rollout.client.silent_timeout_s = {limit:g}): its "
+                                            "host is unreachable or the server hangs")
 
     async def _post(self, http: httpx.AsyncClient, route: str, payload: dict[str, Any]) -> dict[str, Any]:
         delay = self.cfg.retry_backoff_s

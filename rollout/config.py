@@ -94,6 +94,11 @@ class ClientConfig(Strict):
     """First retry delay; doubles each retry."""
     max_concurrency: int = Field(64, ge=1)
     """Requests in flight at once (one request per prompt, carrying its n samples)."""
+    silent_timeout_s: float = Field(60.0, gt=0)
+    """How long a server with requests in flight may answer no health check (GET /health, polled every quarter of
+    this, each poll waiting as long) before it is declared unreachable: its requests are abandoned, and with
+    rollout.replicas > 1 retried on another replica while it is rebuilt. A host whose network went silent never
+    closes a connection, so without this a request waits out timeout_s on every one of its max_retries + 1 attempts."""
 
 
 class RolloutConfig(Strict):

@@ -105,7 +105,9 @@ class RolloutFleet:
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._placement,
                                                                               placement_group_bundle_index=index)
-        return Rollout(self.cfg, self.model_path, options)
+        # A silent replica is taken out at once, not restarted in place: its host may be unreachable, and its
+        # actor with it until Ray's own health checks give up on the node (rollout.client.silent_timeout_s).
+        return Rollout(self.cfg, self.model_path, options, restart_silent=False)
 
     def start(self) -> str:
         """Start every replica's server concurrently (blocks until all are healthy); their base_urls, joined."""
@@ -152,26 +154,26 @@ class RolloutFleet:
                  base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
         """n completions per prompt with the current adapter; groups spread by least outstanding requests.
 
-        `seeds` (one per prompt), `on_sent` (called once, as the first group goes out), `base_model` and `adapter`
-        are passed on as `Rollout.generate` takes them, so a group draws the same samples whichever replica serves
-        it.
+        `seeds` (one per prompt), `base_model` and `adapter` are passed on as `Rollout.generate` takes them, so a
+        group draws the same samples whichever replica serves it. `on_sent` is called once, when every group's
+        request has gone out (so each replica a group went to has work in flight: a test fault lands there).
         """
         params = params or self.cfg.sampling
         if not prompts:
             raise ValueError("generate() needs a non-empty list of non-empty token-id prompts")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate() got {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
+        sent = AllSent(len(prompts), on_sent)
         futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i], base_model,
-                                     adapter) for i, p in enumerate(prompts)]
-        if on_sent is not None:
-            on_sent()
+                                     adapter, sent.one()) for i, p in enumerate(prompts)]
         try:
             return [f.result() for f in futures]
         finally:
             self._collect_events()
 
     def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None,
-                        base_model: bool = False, adapter: str | None = None) -> list[Completion]:
+                        base_model: bool = False, adapter: str | None = None,
+                        on_sent: Callable[[], None] | None = None) -> list[Completion]:
         """One group on the least-loaded live replica; on failure, take that replica out and try another."""
         tried: set[int] = set()
         kwargs = {"base_model": base_model, "adapter": adapter, **({} if seed is None else {"seeds": [seed]})}
@@ -179,7 +181,7 @@ class RolloutFleet:
             replica = self._acquire(tried)
             t0 = time.perf_counter()
             try:
-                [group] = replica.rollout.generate([prompt], params, **kwargs)
+                [group] = replica.rollout.generate([prompt], params, on_sent=on_sent, **kwargs)
             except Exception as err:
                 self._release(replica, None, 0.0)
                 if not is_replica_failure(err):
@@ -325,6 +327,31 @@ class RolloutFleet:
             out[f"rollout/replica{r.index}/tokens_per_s"] = r.tokens / r.busy_s if r.busy_s else 0.0
             out[f"rollout/replica{r.index}/restarts"] = float(r.restarts)
         return out
+
+
+class AllSent:
+    """`callback` once each of `count` groups has said its request went out (`one()` gives a group its own
+    callback; a group retried elsewhere may call it again, which counts once)."""
+
+    def __init__(self, count: int, callback: Callable[[], None] | None):
+        self._left, self._callback, self._lock = count, callback, threading.Lock()
+
+    def one(self) -> Callable[[], None] | None:
+        if self._callback is None:
+            return None
+        said = []
+
+        def sent() -> None:
+            with self._lock:
+                if said:
+                    return
+                said.append(True)
+                self._left -= 1
+                last = self._left == 0
+            if last:
+                self._callback()
+
+        return sent
 
 
 def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:

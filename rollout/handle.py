@@ -24,7 +24,7 @@ import numpy as np
 from common.event_loop import run_sync
 from rollout.actor import adapter_name, setup_rollout_server
 from rollout.backend import setup_backend
-from rollout.client import RolloutClient, ServerUnavailable
+from rollout.client import RolloutClient, ServerSilent, ServerUnavailable
 from rollout.config import RolloutConfig
 from common.sampling import Completion, SamplingParams
 
@@ -34,11 +34,15 @@ log = logging.getLogger(__name__)
 class Rollout:
     """Generate with the current policy, push new LoRA versions, survive a dead server."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None):
+    def __init__(self, cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None,
+                 restart_silent: bool = True):
         self.cfg = cfg
         self.model_path = Path(model_path)
         self.actor_options = actor_options
         """Ray options of the server actor (resources, placement), from the driver; None: one CPU, anywhere."""
+        self.restart_silent = restart_silent
+        """Whether a server silent past rollout.client.silent_timeout_s is restarted in place (through its actor);
+        False: `ServerSilent` is raised at once (a fleet takes the replica out and rebuilds it meanwhile)."""
         self.events: list[str] = []
         """What happened to the server besides normal work (restarts and why), oldest first."""
         self.version: int | None = None
@@ -105,8 +109,8 @@ class Rollout:
             None if version is None else adapter_name(version))
         try:
             return run_sync(client.generate(prompts, params, lora, version, seeds, on_sent))
-        except ServerUnavailable:
-            if not self._recover():
+        except ServerUnavailable as err:
+            if (isinstance(err, ServerSilent) and not self.restart_silent) or not self._recover():
                 raise
         return run_sync(self._require_client().generate(prompts, params, lora, version, seeds))
 
@@ -122,9 +126,17 @@ class Rollout:
                              f"({self.cfg.backend.max_logprobs}); raise the latter")
 
     def _recover(self) -> bool:
-        """Restart a dead server (re-loading the adapter); False if it is alive, i.e. the failure was not death."""
+        """Restart a dead server (re-loading the adapter); False if it is alive, i.e. the failure was not death.
+        `ServerUnavailable` when its actor does not answer within rollout.client.silent_timeout_s either: its host
+        is unreachable (Ray itself declares a silent node dead only after its own health checks fail)."""
         import ray
 
+        try:
+            ray.get(self.actor.node.remote(), timeout=self.cfg.client.silent_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            limit = self.cfg.client.silent_timeout_s
+            raise ServerUnavailable(f"the rollout server's actor did not answer within {limit:g} s "
+                                    "(rollout.client.silent_timeout_s): its host is unreachable") from None
         event = ray.get(self.actor.ensure_alive.remote())
         if event is None:
             return False

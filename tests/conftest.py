@@ -61,6 +61,7 @@ LANES = {
         "tests/integration/test_learner_checkpoint.py",
         "tests/integration/test_learner_export.py",
         "tests/integration/test_learner_vllm_sampler.py",
+        "tests/integration/test_signals_outside.py",
     ),
     "live": (),  # everything else
 }

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tqdm import tqdm
 
     from orchestration.evaluation import score_policy
+    from orchestration.faults import FaultHook
     from orchestration.judge import setup_judge
     from orchestration.problem import run_limits, run_rewards
     from tasks.render import PromptRenderer
@@ -114,6 +116,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     cfg = job.cfg
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
     rewards = run_rewards(cfg)  # before Ray: a reward that does not import fails in seconds
+    fault = FaultHook.from_env()  # tests only (orchestration/faults.py): `eval:hold` holds the first generation
     phases = ["base"] + (["trained"] if job.adapter_dir else [])
     scores = {}
     engines = cfg.rollout.resources.num_cpus + (cfg.judge_engine.resources.num_cpus if cfg.judge_engine else 0)
@@ -124,13 +127,14 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
         part = part_config(cfg.rollout, RolloutConfig)
         with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:
             judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term grades here as in training
+            fault.parts = SimpleNamespace(rollout=rollout)
             for phase in phases:
                 if phase == "trained":
                     rollout.push_lora(1, *read_adapter(job.adapter_dir))
                 with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
                           file=sys.stderr, dynamic_ncols=True) as bar:
                     scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update,
-                                                 job.environment, run_limits(cfg))
+                                                 job.environment, run_limits(cfg), lambda: fault("eval", 0))
     finally:
         rewards.close()
         if judge_engine is not None:

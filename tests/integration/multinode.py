@@ -5,6 +5,7 @@ loopback and /tmp, joined by a bridge; and a local GCS emulator on the bridge as
         cluster.submit([...])                 # `ray job submit` to the head, from this (root) namespace
         cluster.run_on("b", ["ls", "/tmp"])   # a command inside node b (its network and its mount namespace)
         cluster.kill_node("c"); cluster.restart_node("c")
+        cluster.silence("c"); cluster.speak("c")  # its link down (processes alive, packets lost), then up
 
 What makes a node a host here: a network namespace (its own 127.0.0.1, so a server bound to loopback on one node is
 unreachable from every other, as on a second TPU VM), a veth pair into a bridge that only the namespaces and the
@@ -17,6 +18,11 @@ process's PID, the /24 is one no interface of this box uses, and cleanup kills o
 namespaces made here and deletes exactly those namespaces and that bridge: never by a name pattern, never
 `ray stop`. Without root or `ip`/`nsenter`/`unshare`, `require_namespaces()` fails the test with one line.
 `AHA_KEEP_CLUSTER_LOGS=1` keeps the cluster's folder (each node's /tmp with its Ray logs, the bucket's files).
+
+Ray declares a node that stops answering dead after its GCS health checks fail `RAY_health_check_failure_threshold`
+times in a row, each waiting `RAY_health_check_timeout_ms`, `RAY_health_check_period_ms` apart (Ray 2.60: 5, 10 s and
+3 s, so about a minute for a silent host). The head reads them when it starts; this cluster sets them to
+`RAY_HEALTH_CHECK` below (docs/scaling.md says what a user sets).
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ VENV_BIN = Path(sys.executable).parent
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
 TOOLS = ("ip", "nsenter", "unshare", "mount")
+# A silent node is declared dead after 5 failed checks, each waiting up to 2 s, 1 s apart: about 15 s.
+RAY_HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+                    "RAY_health_check_failure_threshold": "5"}
 
 
 def require_namespaces() -> str | None:
@@ -137,7 +146,8 @@ class MultiNodeCluster:
         # Ray 2.60 token auth, as on a real cluster: every node and `ray job submit` get the same token.
         self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS", "RAY_AUTH_TOKEN_PATH")}
         self.env.update({"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
-                         "PYTHONUNBUFFERED": "1"})
+                         "PYTHONUNBUFFERED": "1", **RAY_HEALTH_CHECK})
+        self.links: dict[str, str] = {}  # node -> the root-side end of its veth pair
         if auth_token:
             self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)})
         else:
@@ -198,6 +208,7 @@ class MultiNodeCluster:
             sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
             sh("ip", "link", "set", inner, "netns", ns)
             sh("ip", "link", "set", outer, "master", self.bridge, "up")
+            self.links[name] = outer
             sh("ip", "-n", ns, "addr", "add", f"{self.ips[name]}/{self.net.prefixlen}", "dev", inner)
             sh("ip", "-n", ns, "link", "set", inner, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -320,6 +331,14 @@ class MultiNodeCluster:
                 raise RuntimeError(f"node {name} did not rejoin:\n{self.log_tail(name)}")
             time.sleep(1)
 
+    def silence(self, name: str) -> None:
+        """Node `name`'s link down: its processes stay alive, every packet to or from it is lost (a silent host)."""
+        sh("ip", "link", "set", self.links[name], "down")
+
+    def speak(self, name: str) -> None:
+        """Node `name`'s link up again (its raylet, declared dead meanwhile, then exits: `restart_node` it)."""
+        sh("ip", "link", "set", self.links[name], "up")
+
     # ---- running things -----------------------------------------------------------------------------------------
     def run_on(self, name: str, argv: list[str], timeout_s: float = 120, **env: str) -> subprocess.CompletedProcess:
         """`argv` inside node `name` (its network and mount namespaces: the same ones its Ray processes use)."""
@@ -336,6 +355,23 @@ class MultiNodeCluster:
         cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", self.dashboard, "--working-dir", str(ROOT),
                "--runtime-env-json", json.dumps(runtime_env), *([] if wait else ["--no-wait"]), "--", *entrypoint]
         return subprocess.run(cmd, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+    def job_info(self, job_id: str) -> dict:
+        """The job API's record of job `job_id` (status, driver_exit_code, message, ...)."""
+        return httpx.get(f"{self.dashboard}/api/jobs/{job_id}", headers=self._auth(), timeout=10).json()
+
+    def wait_job(self, job_id: str, timeout_s: float = 1500) -> tuple[dict, str]:
+        """Until job `job_id` has ended: (its info from the job API: status, driver_exit_code, ...; its log)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.job_info(job_id)
+            if info["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+                logs = httpx.get(f"{self.dashboard}/api/jobs/{job_id}/logs", headers=self._auth(), timeout=30)
+                return info, logs.json()["logs"]
+            if time.monotonic() > deadline:
+                self.stop_job(job_id)
+                raise RuntimeError(f"job {job_id} still {info['status']} after {timeout_s} s")
+            time.sleep(2)
 
     def stop_job(self, job_id: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
         """`ray job stop` (SIGTERM to the job's driver), waiting until it has stopped."""

@@ -8,11 +8,15 @@ replica each: `rollout.resources.custom: {engine_host: 1}`, one engine_host per 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -337,3 +341,104 @@ def test_tinker_service_with_its_parts_on_other_nodes(cluster):
     finally:
         stopped = cluster.stop_job(found.group(0))
         assert stopped.returncode == 0, stopped.stderr[-2000:]
+
+
+def submit_held(cluster, argv: list[str], fault: str) -> tuple[str, Path]:
+    """`ray job submit --no-wait` of a train run held at `fault` (`phase:hold@step`, orchestration/faults.py): (job
+    id, the file the driver writes once held; deleting it releases the hold). /dev/shm: every node's and this
+    process's (a node's /tmp is its own)."""
+    held = Path(f"/dev/shm/aha-held-{uuid.uuid4().hex}")
+    job = cluster.submit(["python", "-m", "orchestration.cli.train", *argv], wait=False, timeout_s=300,
+                         env_vars={"AHA_FAULT": fault, "AHA_FAULT_HELD": str(held)})
+    found = re.search(r"raysubmit_\w+", job.stdout + job.stderr)
+    assert job.returncode == 0 and found, job_output(job)
+    return found.group(0), held
+
+
+def wait_held(cluster, job_id: str, held: Path, timeout_s: float = 900) -> None:
+    """Until the held job's driver has written `held`; fails with its log if it ends first."""
+    deadline = time.monotonic() + timeout_s
+    while not held.exists():
+        if (info := cluster.job_info(job_id))["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            logs = cluster.wait_job(job_id)[1]
+            raise AssertionError(f"job {job_id} ended before it was held: {info}\n{logs[-6000:]}")
+        if time.monotonic() > deadline:
+            cluster.stop_job(job_id)
+            raise AssertionError(f"job {job_id} not held after {timeout_s} s")
+        time.sleep(1)
+
+
+def log_seconds(logs: str, first: str, then: str) -> int:
+    """Seconds between the first log line containing `first` and the first after it containing `then` (the train
+    log's HH:MM:SS stamps)."""
+    def stamp(line: str) -> datetime.datetime:
+        return datetime.datetime.strptime(line.split()[0], "%H:%M:%S")
+
+    lines = logs.splitlines()
+    start = next(i for i, line in enumerate(lines) if first in line)
+    end = next(i for i, line in enumerate(lines[start:], start) if then in line)
+    return int((stamp(lines[end]) - stamp(lines[start])).total_seconds())
+
+
+def test_a_silent_engine_node_is_declared_dead_at_the_deadline_and_the_run_finishes(cluster):
+    """Two replicas on nodes c and d; step 2's requests are held in flight on both (`generate:hold@2`), node d's
+    link goes down (its processes alive, every packet lost), the hold is released: d's replica is declared
+    unreachable by `rollout.client.silent_timeout_s` (10 s here), its group redrawn on c, and the run finishes.
+
+    Fails on main at c3b0474: the request in flight on d waited out `rollout.client.timeout_s` (600 s) on each of its
+    3 attempts, about 30 minutes (tests/unit/test_silent_server.py has the same on a silent listener); Ray declaring
+    the node dead does not end an HTTP request."""
+    run = "gs://aha-runs/silent-engine"
+    for name in ("c", "d"):  # an earlier test may have left a node down
+        if cluster.node_down(name):
+            cluster.restart_node(name)
+    job_id, held = submit_held(cluster, ["--config", CONFIG, "--run-dir", run, *TINY, "train.steps=3",
+                                         "rollout.replicas=2", ENGINES, "learner.resources.custom={node_b: 1}",
+                                         "rollout.client.silent_timeout_s=10"], "generate:hold@2")
+    try:
+        wait_held(cluster, job_id, held)
+        cluster.silence("d")
+        held.unlink()
+        info, logs = cluster.wait_job(job_id)
+    finally:
+        held.unlink(missing_ok=True)
+        cluster.speak("d")
+    cluster.restart_node("d")  # its raylet was declared dead while silent
+    assert info["status"] == "SUCCEEDED", f"{info}\n{logs[-6000:]}"
+    rows = read_rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost with the silent replica"
+    out = [line for line in logs.splitlines() if "rollout replica" in line and " out: " in line]
+    timeline = "\n".join(line for line in logs.splitlines() if "AHA_FAULT" in line or " out: " in line)
+    assert out and "rollout.client.silent_timeout_s" in out[0], f"not declared by the deadline:\n{timeline}"
+    assert rows[1]["rollout/restarts"] >= 1, "the silent replica was not counted at step 2"
+    print(f"silent engine node: declared unreachable {log_seconds(logs, 'generate of step 2 released', ' out: ')} s "
+          f"after its link went down (silent_timeout_s 10): {out[0]}")
+
+
+def test_a_silent_learner_node_stops_the_run_with_one_line_and_its_checkpoint(cluster):
+    """Learner on node b, `train.save_every=1`; step 2's update is held in flight (`learn:hold@2`), b's link goes
+    down, the hold is released: Ray declares b dead after its health checks (RAY_HEALTH_CHECK: about 15 s), and the
+    run stops with its one line, exit 1, the checkpoint of step 1 on the bucket for `--resume`."""
+    run = "gs://aha-runs/silent-learner"
+    job_id, held = submit_held(cluster, ["--config", CONFIG, "--run-dir", run, *TINY, "train.steps=3",
+                                         "train.save_every=1", ENGINES, "learner.resources.custom={node_b: 1}"],
+                               "learn:hold@2")
+    try:
+        wait_held(cluster, job_id, held)
+        cluster.silence("b")
+        held.unlink()
+        info, logs = cluster.wait_job(job_id)
+    finally:
+        held.unlink(missing_ok=True)
+        cluster.speak("b")
+    cluster.restart_node("b")
+    assert info["status"] == "FAILED" and info.get("driver_exit_code") == 1, f"{info}\n{logs[-6000:]}"
+    lines = [line for line in logs.splitlines() if "run stopped" in line]
+    assert len(lines) == 1, f"expected one stop line: {lines}\n{logs[-6000:]}"
+    assert "at phase learn of step 2 (the learner actor died" in lines[0], lines[0]
+    assert "checkpoint saved at step 1;" in lines[0] and "--resume" in lines[0], lines[0]
+    assert json.loads(uri.read_text(uri.join(run, "saved.json")))["step"] == 1
+    assert "1" in uri.list_names(uri.join(run, "checkpoints")), "the checkpoint of step 1 is not on the bucket"
+    assert [r["step"] for r in read_rows(run)] == [1]
+    print(f"silent learner node: the run stopped {log_seconds(logs, 'learn of step 2 released', 'run stopped')} s "
+          f"after its link went down: {lines[0]}")

@@ -77,6 +77,10 @@ def test_fault_spec_parses_and_rejects_bad_entries():
     for bad in ("learn", "lern:sigint", "learn:explode", "learn:sigint@two"):
         with pytest.raises(ValueError, match="phase:action"):
             parse(bad)
+    assert parse("eval:hold@1") == [Fault("eval", "hold", 1)]
+    for nothing_elsewhere in ("score:hold", "between:hold@2"):  # no engine or learner process to hold there
+        with pytest.raises(ValueError, match="hold needs a phase whose work runs elsewhere"):
+            parse(nothing_elsewhere)
 
 
 def test_request_seeds_depend_on_seed_step_and_prompt_only():
