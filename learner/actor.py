@@ -9,12 +9,12 @@ as numpy arrays through Ray's object store (`lora_tensors`), so the rollout serv
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from common.affinity import pin_process
 from learner.config import LearnerConfig
 
 
@@ -31,8 +31,8 @@ class LearnerWorker:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        if cfg.cpu_cores:  # this thread builds the learner: the XLA threads it starts inherit its affinity
-            os.sched_setaffinity(0, cfg.cpu_cores)
+        if cfg.cpu_cores:  # every thread of the actor's process, Ray's own included, before JAX starts its pools
+            pin_process(cfg.cpu_cores)
         self._args = (cfg, Path(model_path), checkpoint_dir)  # a local path or a storage URI (gs://...)
         self.learner = None
         if num_processes == 1:

@@ -169,9 +169,9 @@ class LearnerConfig(Strict):
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
     cpu_cores: tuple[int, ...] | None = None
-    """CPU only: the cores the learner's threads may run on (Linux CPU affinity, set before JAX starts its thread
-    pools), e.g. [1] with the engine on [0] (rollout.backend.cpu_cores): each part keeps its own cores, as on a TPU
-    host each keeps its own chips. None = any core."""
+    """CPU only: the cores the learner's threads may run on (Linux CPU affinity of every thread of its actor's
+    process, set before JAX starts its thread pools), e.g. [1] with the engine on [0] (rollout.backend.cpu_cores):
+    each part keeps its own cores, as on a TPU host each keeps its own chips. None = any core."""
     compile_cache: bool = True
     """Keep compiled step pieces on disk (JAX's persistent compilation cache, $AHA_CACHE/jax_cache/learner, at
     most 2 GiB, least recently used first out): a resumed or repeated run skips recompiling its step, which takes

@@ -38,7 +38,9 @@ def die_with_parent() -> None:
 
 
 def pin_to_cores() -> None:
-    """Restrict this process (and so the server it starts) to $AHA_CPU_CORES (rollout.backend.cpu_cores)."""
+    """Restrict this process (and so the server it starts, every thread of it) to $AHA_CPU_CORES
+    (rollout.backend.cpu_cores). The launcher has one thread here, so pinning it pins the process (a process with
+    more needs common/affinity.py `pin_process`, which this stdlib-only, `-I` program cannot import)."""
     if cores := os.environ.get("AHA_CPU_CORES"):
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.affinity import pin_process  # noqa: E402
 from rollout.engine_launcher import die_with_parent  # noqa: E402
 from rollout.sglang_jax_engine.app import build_app, build_engine, kv_cache_tokens  # noqa: E402
 from rollout.sglang_jax_engine.patches import compat_model_dir  # noqa: E402
@@ -51,8 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()
-    if cores := os.environ.get("AHA_CPU_CORES"):  # rollout.backend.cpu_cores, before JAX starts its threads
-        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    if cores := os.environ.get("AHA_CPU_CORES"):  # rollout.backend.cpu_cores: every thread the imports started too
+        pin_process(int(c) for c in cores.split(","))
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.device == "cpu":
