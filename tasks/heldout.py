@@ -12,10 +12,11 @@ data.path (tasks/row_prompts.py).
 
 from __future__ import annotations
 
+import numpy as np
+
 from tasks import DataConfig, Prompt
 from tasks.environments.catalog import environment_rows
 from common.sampling import SamplingParams
-
 
 
 def eval_prompts(data: DataConfig, limit: int, seed: int | None = None, environment=None) -> list[Prompt]:
@@ -31,6 +32,13 @@ def eval_prompts(data: DataConfig, limit: int, seed: int | None = None, environm
         raise ValueError(f"{limit} eval prompts asked but data.eval_size is {data.eval_size}; "
                          f"raise data.eval_size (e.g. data.eval_size={limit}) or ask for fewer")
     return list(prompts[:limit])
+
+
+def eval_seeds(seed: int, count: int) -> list[int]:
+    """The request seeds of the first `count` eval prompts of data seed `seed`: a 31-bit function of (seed, prompt
+    index), so every eval of those prompts, base model or adapter, `aha eval` or the in-loop one, draws with the same
+    seeds (the engine derives a request's n samples' seeds from it: seed + 0 .. n-1)."""
+    return [int(np.random.SeedSequence([seed, i]).generate_state(1)[0] >> 1) for i in range(count)]
 
 
 def eval_sampling(base: SamplingParams, k: int, temperature: float | None = None,

