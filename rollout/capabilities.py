@@ -39,6 +39,8 @@ class EngineCaps:
     lora_env: dict[str, str] = field(default_factory=dict)
     """Environment variables the engine needs to serve LoRA adapters (set on its server process when
     backend.enable_lora; a backend.env that contradicts one is refused)."""
+    max_temperature: float | None = None
+    """The highest temperature the engine accepts (it answers 400 above it); None = no bound read."""
     notes: tuple[str, ...] = field(default=())
     """Where each fact comes from (file, function, version)."""
 
@@ -54,7 +56,9 @@ class EngineCaps:
 _VLLM = EngineCaps(
     engine="vllm", ignored={}, seed="per_request",
     logprob_modes={"raw_logprobs": frozenset(), "processed_logprobs": ALL},
-    notes=("vllm 0.32.0 vllm/v1/sample/sampler.py Sampler.forward/sample",),
+    max_temperature=2.0,
+    notes=("vllm 0.32.0 vllm/v1/sample/sampler.py Sampler.forward/sample",
+           "vllm 0.32.0 vllm/sampling_params.py SamplingParams._verify_args (temperature in [0, 2])"),
 )
 
 # vllm-tpu 0.32.0 runs tpu-inference 0.32.0's runner and sampler, not vLLM's:
@@ -87,6 +91,7 @@ _VLLM_TPU = EngineCaps(
     seed="rejected",
     logprob_modes={"raw_logprobs": frozenset(), "processed_logprobs": frozenset({"temperature", "top_k", "top_p"})},
     lora_env={"MODEL_IMPL_TYPE": "vllm"},
+    max_temperature=2.0,  # vLLM's own SamplingParams check runs in vllm-tpu's API server too
     notes=("tpu-inference 0.32.0 tpu_inference/layers/jax/sample/sampling_metadata.py TPUSupportedSamplingMetadata",
            "tpu-inference 0.32.0 tpu_inference/platforms/tpu_platform.py TpuPlatform.validate_request",
            "tpu-inference 0.32.0 tpu_inference/layers/jax/sample/sampling.py _apply_sampling_transforms"),
@@ -161,6 +166,9 @@ def check_sampling(backend: EngineConfig, params: SamplingParams, where: str = "
         if name in caps.ignored:
             raise ValueError(f"{where}.{name} ({getattr(params, name)}) is silently ignored by {caps.engine}; set "
                              f"{where}.{name}: {OFF[name]} ({caps.ignored[name]})")
+    if caps.max_temperature is not None and params.temperature > caps.max_temperature:
+        raise ValueError(f"{where}.temperature ({params.temperature}) is above {caps.engine}'s limit "
+                         f"({caps.max_temperature}: it answers 400); set {where}.temperature <= {caps.max_temperature}")
     if params.seed is not None and caps.seed == "rejected":
         raise ValueError(f"{where}.seed ({params.seed}) is rejected by {caps.engine}, which has no per-request "
                          f"seed; set {where}.seed: null")

@@ -146,3 +146,12 @@ def test_sglang_jax_on_tpu_is_refused_until_setup_builds_its_env():
     cfg = load_config(DEMO, ["rollout.backend={kind: sglang_jax, platform: tpu, python: /opt/sgl-tpu/bin/python}",
                              "rollout.resources.tpu=1"])
     assert cfg.rollout.backend.kind == "sglang_jax"
+
+
+@pytest.mark.parametrize("path", [DEMO, TPU])
+def test_a_temperature_vllm_answers_400_to_is_refused_at_load(path):
+    """vLLM 0.32 answers 400 to a temperature above 2 (vllm/sampling_params.py); before this check a config with
+    `rollout.sampling.temperature=3.0` loaded and its run died at the first generation with a traceback."""
+    line = refusal(path, ["rollout.sampling.temperature=3.0"])
+    assert "rollout.sampling.temperature (3.0) is above vllm" in line and "temperature <= 2.0" in line
+    assert load_config(path, ["rollout.sampling.temperature=2.0"]).rollout.sampling.temperature == 2.0
