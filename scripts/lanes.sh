@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite as three pytest processes side by side, the lanes of tests/conftest.py (scripts/test.sh runs it
-# after setup): "live" in the foreground, "live2" and "compile" (unit tests, preflight's TPU compiles, then the
-# Tinker service's module) beside it at lower priorities, their logs printed after the live lane's. Extra args go to
-# every lane's pytest.
+# after setup): "live" in the foreground, "live2" and "compile" (unit tests, preflight's TPU compiles: no engine, no
+# Ray) beside it at lower priorities, their logs printed after the live lane's. Extra args go to every lane's pytest.
 #
 # A red suite says why at once: the moment a lane ends badly it prints its failing tests (FAILED / ERROR lines,
 # else its log's last lines), whatever the other lanes are doing; and the last lines of the run list every failure

@@ -377,6 +377,21 @@ def wait_held(cluster, job_id: str, held: Path, timeout_s: float = 900) -> None:
         time.sleep(1)
 
 
+def silenced_while_held(cluster, job_id: str, held: Path, node: str) -> tuple[dict, str]:
+    """Once the job is held, `node`'s link goes down and the hold is released; the job's (info, log) once it has
+    ended. The link comes back and the node is restarted afterwards (its raylet was declared dead while silent)."""
+    try:
+        wait_held(cluster, job_id, held)
+        cluster.silence(node)
+        held.unlink()
+        info, logs = cluster.wait_job(job_id)
+    finally:
+        held.unlink(missing_ok=True)
+        cluster.speak(node)
+    cluster.restart_node(node)
+    return info, logs
+
+
 def log_seconds(logs: str, first: str, then: str) -> int:
     """Seconds between the first log line containing `first` and the first after it containing `then` (the train
     log's HH:MM:SS stamps)."""
@@ -404,15 +419,7 @@ def test_a_silent_engine_node_is_declared_dead_at_the_deadline_and_the_run_finis
     job_id, held = submit_held(cluster, ["--config", CONFIG, "--run-dir", run, *TINY, "train.steps=3",
                                          "rollout.replicas=2", ENGINES, "learner.resources.custom={node_b: 1}",
                                          "rollout.client.silent_timeout_s=10"], "generate:hold@2")
-    try:
-        wait_held(cluster, job_id, held)
-        cluster.silence("d")
-        held.unlink()
-        info, logs = cluster.wait_job(job_id)
-    finally:
-        held.unlink(missing_ok=True)
-        cluster.speak("d")
-    cluster.restart_node("d")  # its raylet was declared dead while silent
+    info, logs = silenced_while_held(cluster, job_id, held, "d")
     assert info["status"] == "SUCCEEDED", f"{info}\n{logs[-6000:]}"
     rows = read_rows(run)
     assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost with the silent replica"
@@ -432,15 +439,7 @@ def test_a_silent_learner_node_stops_the_run_with_one_line_and_its_checkpoint(cl
     job_id, held = submit_held(cluster, ["--config", CONFIG, "--run-dir", run, *TINY, "train.steps=3",
                                          "train.save_every=1", ENGINES, "learner.resources.custom={node_b: 1}"],
                                "learn:hold@2")
-    try:
-        wait_held(cluster, job_id, held)
-        cluster.silence("b")
-        held.unlink()
-        info, logs = cluster.wait_job(job_id)
-    finally:
-        held.unlink(missing_ok=True)
-        cluster.speak("b")
-    cluster.restart_node("b")
+    info, logs = silenced_while_held(cluster, job_id, held, "b")
     assert info["status"] == "FAILED" and info.get("driver_exit_code") == 1, f"{info}\n{logs[-6000:]}"
     lines = [line for line in logs.splitlines() if "run stopped" in line]
     assert len(lines) == 1, f"expected one stop line: {lines}\n{logs[-6000:]}"

@@ -30,11 +30,16 @@ TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "train.prompts_per_step
         "train.dynamic_sampling.enabled=false"]  # the tiny model never wins: every step would draw to its bound
 
 
+def trained(tmp_path_factory, name: str, config: Path, overrides: list[str]) -> Path:
+    """The run dir of `python -m orchestration.cli.train` on `config` with `overrides`, once it has finished."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    run("orchestration.cli.train", "--config", str(config), "--run-dir", str(run_dir), *overrides)
+    return run_dir
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    run_dir = tmp_path_factory.mktemp("multiturn") / "run"
-    run("orchestration.cli.train", "--config", str(CONFIG), "--run-dir", str(run_dir), *TINY)
-    return run_dir
+    return trained(tmp_path_factory, "multiturn", CONFIG, TINY)
 
 
 def test_the_learner_trains_on_model_tokens_and_agrees_with_the_engine(run_dir):
@@ -70,9 +75,7 @@ VERIFIERS_TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "train.prompt
 
 @pytest.fixture(scope="module")
 def verifiers_run_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    run_dir = tmp_path_factory.mktemp("verifiers") / "run"
-    run("orchestration.cli.train", "--config", str(VERIFIERS_CONFIG), "--run-dir", str(run_dir), *VERIFIERS_TINY)
-    return run_dir
+    return trained(tmp_path_factory, "verifiers", VERIFIERS_CONFIG, VERIFIERS_TINY)
 
 
 def test_the_verifiers_config_trains(verifiers_run_dir):
