@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from orchestration.service.futures import Futures, Outcome, UserError
-from orchestration.service.training import TinkerService, TrainingModel
+from orchestration.service.training import TinkerService, TrainingModel, training_model_id
 from orchestration.service import wire
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class TinkerApp:
 
     def _retried(self, body: dict[str, Any]) -> web.Response | None:
         """The answer already given to this (session, model_seq_id): a retried create is the same job."""
-        model_id = f"{body.get('session_id')}:train:{int(body.get('model_seq_id', 0))}"
+        model_id = training_model_id(body.get("session_id"), int(body.get("model_seq_id", 0)))
         if (model_id, 0) not in self._by_seq:
             return None
         return web.json_response({"request_id": self._by_seq[(model_id, 0)], "model_id": model_id})

@@ -79,6 +79,11 @@ class Sampler:
     owner: str | None = None  # the training client of an unnamed version (served while among its newest)
 
 
+def training_model_id(session_id: str, seq: int) -> str:
+    """The model id of `session_id`'s training client number `seq`: the SDK builds the same id itself."""
+    return f"{session_id}:train:{seq}"
+
+
 class TinkerService:
     """The state behind the routes: sessions, training clients, samplers, and the parts they drive."""
 
@@ -141,7 +146,7 @@ class TinkerService:
         `lora` None: it comes from the checkpoint the client is created from."""
         if session_id not in self.sessions:
             raise UserError(f"no session {session_id!r} on this server")
-        model_id = f"{session_id}:train:{seq}"
+        model_id = training_model_id(session_id, seq)
         if model_id in self.models:
             raise UserError(f"training client {model_id} exists already")
         config = self.check_rank(LoraConfig(alpha=LORA_ALPHA) if lora is None else lora_config(lora))
