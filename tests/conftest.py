@@ -163,6 +163,17 @@ def marked_processes(value: str) -> list[int]:
     return found
 
 
+def command_lines(pids: list[int]) -> dict[int, str]:
+    """Each pid's command line, read now (what a leftover was, for a failure's message)."""
+    lines = {}
+    for pid in pids:
+        try:
+            lines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+        except OSError:
+            lines[pid] = "(gone)"
+    return lines
+
+
 @contextlib.contextmanager
 def running_rollout(cfg, model_dir: Path) -> Iterator:
     """A started `Rollout` (real engine server behind the Ray actor) on a private local Ray cluster, stopped after.

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from orchestration import signals
+from orchestration.cluster.process_tree import own_descendants_until_exit
 from orchestration.report import stats
 from pydantic import ValidationError
 
@@ -215,6 +216,7 @@ def format_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)

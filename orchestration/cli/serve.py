@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from orchestration import signals
+from orchestration.cluster.process_tree import own_descendants_until_exit
 from orchestration.config.schema import RunConfig
 from orchestration.config.errors import ConfigError, error_report
 from orchestration.config.files import load_config
@@ -53,6 +54,7 @@ def curl_example(url: str, name: str, api_key: str | None, prompt: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from orchestration import signals
+from orchestration.cluster.process_tree import own_descendants_until_exit
 from orchestration.config.errors import ConfigError, error_report
 from orchestration.config.files import dump_config, load_config
 from orchestration.config.schema import ServiceConfig
@@ -45,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -74,12 +74,18 @@ def main() -> None:
             serve_episode(environment, row, socket.socket(fileno=fds[0]), host)  # never returns
         os.close(fds[0])
         children.add(pid)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for pid in list(children):
+        for kill in (os.killpg, os.kill):  # its group; itself too, in case it has not made its group yet
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in children:  # killed is not yet gone: the host exits once its episodes have
         try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already
             pass
-    reap()
 
 
 def serve_episode(environment: Any, row: Any, sock: socket.socket, host: int) -> None:

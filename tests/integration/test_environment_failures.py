@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MARK, marked_processes
+from conftest import MARK, command_lines, marked_processes
 from orchestration.metrics import read_metrics
 from test_train_e2e import TINY, clean_env
 
@@ -34,14 +34,14 @@ HOSTILE = [*TINY, "environment.name=tests.integration.hostile_environments:Hosti
 
 
 @pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory, tiny_model_dir) -> tuple[Path, subprocess.CompletedProcess, list[int]]:
-    """The run, its process, and the pids of what it left behind (read the moment it exited)."""
+def hostile_run(tmp_path_factory, tiny_model_dir) -> tuple[Path, subprocess.CompletedProcess, dict[int, str]]:
+    """The run, its process, and what it left behind (pid: command line, read the moment it exited)."""
     run_dir = tmp_path_factory.mktemp("hostile") / "run"
     marker = f"hostile-{uuid.uuid4().hex}"
     proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--config", str(CONFIG), "--run-dir",
                            str(run_dir), *HOSTILE], cwd=ROOT, env=clean_env() | {MARK: marker},
                           capture_output=True, text=True, timeout=900)
-    return run_dir, proc, marked_processes(marker)
+    return run_dir, proc, command_lines(marked_processes(marker))
 
 
 def test_each_failure_ends_its_episode_and_is_counted_while_the_run_finishes(hostile_run):
@@ -78,4 +78,4 @@ def test_the_run_leaves_no_process_behind(hostile_run):
     mid-step included), not Ray or the engine. Fails on main at c3b0474 (the run never ended; see above)."""
     _, proc, left = hostile_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert left == [], f"processes of the run alive after it exited: {left}"
+    assert left == {}, f"processes of the run alive after it exited: {left}"
