@@ -111,8 +111,9 @@ class Learner:
         if loss != "grpo":
             if not isinstance(batch, TokenBatch):
                 raise ValueError(f"loss {loss!r} reads a TokenBatch (per-token inputs), not a {type(batch).__name__}")
-            return token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config, forward_only,
-                                          self._batch_sharding)
+            out, self._layout = token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config,
+                                                       forward_only, self._batch_sharding, self._share_layout)
+            return out
         if adapter != POLICY or not isinstance(batch, TrainBatch) or forward_only:
             raise ValueError("loss 'grpo' trains the policy adapter on a TrainBatch of groups (with a gradient)")
         t0 = time.perf_counter()

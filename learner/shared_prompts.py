@@ -106,6 +106,12 @@ def _empty_cache(hf: dict[str, Any], batch: int, slots: int, dtype) -> dict:
 def window_hidden(model, sp: SharedPrompts, hf: dict[str, Any], width: int) -> jax.Array:
     """[B, width, D]: the hidden state predicting each completion token (the model's LM head already switched
     to the identity by `model.hidden_out`)."""
+    return prompt_and_window_hidden(model, sp, hf, width)[0]
+
+
+def prompt_and_window_hidden(model, sp: SharedPrompts, hf: dict[str, Any], width: int) -> tuple[jax.Array, jax.Array]:
+    """(`window_hidden`'s [B, width, D], the prompt block's own hidden states [U, P, D]: slot t predicts the
+    prompt's token at slot t + 1, which the token losses' logprobs at prompt positions read)."""
     dtype = model.embedder.input_embedding[...].dtype  # the weights' dtype: what k and v projections produce
     u, p = sp.prompt_tokens.shape
     c = sp.completion_tokens.shape[1]
@@ -126,4 +132,4 @@ def window_hidden(model, sp: SharedPrompts, hf: dict[str, Any], width: int) -> j
     mask = keys[sp.row_prompt][:, None, :] | own | (s == p + t)[None]
     completion_hidden, _ = model(sp.completion_tokens, positions, cache, mask)
     first = prompt_hidden[sp.row_prompt, p - 1][:, None]
-    return jnp.concatenate([first, completion_hidden], axis=1)[:, :width]
+    return jnp.concatenate([first, completion_hidden], axis=1)[:, :width], prompt_hidden

@@ -45,34 +45,68 @@ class TokenBatch:
 
 @dataclass(frozen=True)
 class PackedTokens:
-    """Padded [rows, L] numpy arrays of a TokenBatch (the last rows all padding up to `rows`)."""
+    """Padded [rows, L] numpy arrays of a TokenBatch (the last rows all padding up to `rows`; L > every datum's N,
+    so position L - 1 is padding in every row and a window clipped to it adds nothing).
+
+    Each datum splits at `starts[i]`, its gate input's first non-zero position (learner/token_losses.py GATE): the
+    positions before it (its prefix, a prompt) get logprobs without a gradient, those from it on (the window) get
+    both. Where every datum's prefix is the start of its own input (targets[j] = tokens[j + 1]) the datums that
+    share one can run it once (`shareable`; learner/shared_prompts.py reads `tokens`, `valid`, `window`)."""
 
     tokens: np.ndarray  # int32
     targets: np.ndarray  # int32
     valid: np.ndarray  # bool: a real input position
     loss_mask: np.ndarray  # float32: 1 at real positions (every one gets a logprob)
-    window: np.ndarray  # int32 [rows, W]: the positions whose logprobs are taken (all of them)
+    window: np.ndarray  # int32 [rows, W]: positions starts[i], starts[i] + 1, ... (clipped to L - 1)
+    active_mask: np.ndarray  # float32: 1 at real positions from starts[i] on
+    prefix_window: np.ndarray | None  # int32 [rows, S]: positions 0 .. S - 1 (None: no datum has a prefix)
+    prefix_mask: np.ndarray  # float32: 1 at real positions before starts[i]
     fields: dict[str, np.ndarray]  # float32 [rows, L] per loss input (0 at padding)
     lengths: list[int]  # each datum's N
+    shareable: bool
 
 
-def pack_tokens(batch: TokenBatch, names: tuple[str, ...], bucket: int, rows: int) -> PackedTokens:
+def gate_starts(batch: TokenBatch, gate: str | None) -> list[int]:
+    """Per datum, the first position whose `gate` input is non-zero (at most N - 1: a window is never empty)."""
+    starts = []
+    for i, x in enumerate(batch.tokens):
+        values = batch.inputs[i].get(gate) if gate and batch.inputs else None
+        nonzero = np.flatnonzero(np.asarray(values)) if values is not None else np.zeros(1, np.int64)
+        starts.append(int(min(nonzero[0] if len(nonzero) else len(x) - 1, len(x) - 1)))
+    return starts
+
+
+def pack_tokens(batch: TokenBatch, names: tuple[str, ...], gate: str | None, bucket: int, rows: int) -> PackedTokens:
     """Right-pad every datum to one bucketed length; the loss inputs `names` as [rows, L] (absent ones: 0)."""
     n = len(batch)
     if rows < n:
         raise ValueError(f"pack_tokens: rows={rows} < batch size {n}")
-    length = bucket_length(max(len(x) for x in batch.tokens), bucket)
+    length = bucket_length(max(len(x) for x in batch.tokens) + 1, bucket)
+    starts = gate_starts(batch, gate) + [0] * (rows - n)
+    sizes = [len(x) for x in batch.tokens] + [0] * (rows - n)
     tokens = np.zeros((rows, length), np.int32)
     targets = np.zeros((rows, length), np.int32)
     valid = np.zeros((rows, length), bool)
     fields = {name: np.zeros((rows, length), np.float32) for name in names}
+    shareable = True
     for i, (x, y) in enumerate(zip(batch.tokens, batch.targets)):
         tokens[i, : len(x)] = x
         targets[i, : len(y)] = y
         valid[i, : len(x)] = True
+        shareable &= list(y[: starts[i]]) == list(x[1: starts[i] + 1])
         for name in names:
             if batch.inputs and name in batch.inputs[i]:
                 fields[name][i, : len(x)] = np.asarray(batch.inputs[i][name], np.float32)
-    window = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
-    return PackedTokens(tokens, targets, valid, valid.astype(np.float32), window, fields,
-                        [len(x) for x in batch.tokens])
+    pos = np.arange(length)[None]
+    first = np.asarray(starts)[:, None]
+    active = valid & (pos >= first)
+    prefix = valid & (pos < first)
+    width = min(bucket_length(max(size - start for size, start in zip(sizes, starts)), bucket), length)
+    window = np.minimum(first + np.arange(width)[None], length - 1).astype(np.int32)
+    longest = max(starts)
+    prefix_window = None
+    if longest > 0:
+        span = min(bucket_length(longest, bucket), length)
+        prefix_window = np.broadcast_to(np.arange(span, dtype=np.int32), (rows, span)).copy()
+    return PackedTokens(tokens, targets, valid, valid.astype(np.float32), window, active.astype(np.float32),
+                        prefix_window, prefix.astype(np.float32), fields, [len(x) for x in batch.tokens], shareable)

@@ -31,6 +31,16 @@ TOKEN_LOSSES: dict[str, tuple[str, ...]] = {
     "cispo": ("logprobs", "advantages"),
     "dro": ("logprobs", "advantages"),
 }
+# loss -> the input whose zeros make a position's loss 0 whatever the model's logprob there (None: no such input;
+# dro's penalty reads every position). A datum's positions before its gate's first non-zero value (a prompt) need
+# their logprobs but no gradient, and datums that share them share their forward pass (learner/token_step.py).
+GATE: dict[str, str | None] = {
+    "cross_entropy": "weights",
+    "importance_sampling": "advantages",
+    "ppo": "advantages",
+    "cispo": "advantages",
+    "dro": None,
+}
 # loss -> its loss_fn_config keys and their defaults
 LOSS_DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},

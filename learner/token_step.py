@@ -1,14 +1,18 @@
 """forward_backward of a token loss (learner/token_losses.py) on a TokenBatch, for one adapter of the learner.
 
-The datums are packed into bucketed [rows, L] arrays and run in micro-batches of `learner.grpo.micro_batch_size`
-(rounded to the data-parallel size, as GRPO's are), through the same chunked logprob code and gradient
-accumulation as GRPO; the sum of the micro-batches' gradients is added to the adapter's held gradient.
+The datums are packed into bucketed [rows, L] arrays (each split into a prefix without gradient and a window
+with one: learner/token_batch.py) and run in micro-batches of `learner.grpo.micro_batch_size` (rounded to the
+data-parallel size, as GRPO's are), through GRPO's chunked logprob code and gradient accumulation
+(learner/token_logprobs.py); datums of a micro-batch that share a prefix run it once where the learner's
+prompt sharing says it saves tokens. The sum of the micro-batches' gradients is added to the adapter's held
+gradient.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -20,14 +24,17 @@ from learner.adapters import Adapter, OpenUpdate
 from learner.config import LearnerConfig
 from learner.distributed import put_global, to_host
 from learner.token_batch import TokenBatch, pack_tokens
-from learner.token_losses import TOKEN_LOSSES, loss_config
+from learner.shared_prompts import Layout, SharedPrompts, shared_prompts
+from learner.token_losses import GATE, TOKEN_LOSSES, loss_config
 
 
 def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, loss: str,
-                           config: dict[str, float] | None, forward_only: bool, sharding: Any) -> dict[str, Any]:
-    """{"loss": the summed loss, "logprobs": per datum its [N] target logprobs under the raw model, before the
-    update}; without `forward_only`, the loss's gradient is added to `a.grads` for the next optim_step. `sharding`:
-    the learner's batch sharding (rows over its data-parallel axis)."""
+                           config: dict[str, float] | None, forward_only: bool, sharding: Any,
+                           share: Callable[[Any, int], Layout | None]) -> tuple[dict[str, Any], Layout | None]:
+    """({"loss": the summed loss, "logprobs": per datum its [N] target logprobs under the raw model, before the
+    update}, the prompt-sharing layout used or None); without `forward_only`, the loss's gradient is added to
+    `a.grads` for the next optim_step. `sharding`: the learner's batch sharding (rows over its data-parallel axis);
+    `share(packed, micro)`: the learner's prompt-sharing layout for these rows, or None."""
     t0 = time.perf_counter()
     settings = loss_config(loss, config)
     names = TOKEN_LOSSES[loss]
@@ -38,7 +45,8 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     dp = sharding.mesh.shape["fsdp"]
     micro = math.ceil(min(cfg.grpo.micro_batch_size, len(batch)) / dp) * dp
     rows = math.ceil(len(batch) / micro) * micro
-    packed = pack_tokens(batch, names, cfg.seq_bucket, rows)
+    packed = pack_tokens(batch, names, GATE[loss], cfg.seq_bucket, rows)
+    lay = share(packed, micro) if packed.shareable and cfg.logprob_chunk > 0 else None
     key = ("token", loss, settings, forward_only)
     if key not in a.fns:
         a.fns[key] = ts.make_token_fn(a.parts, loss, settings, cfg.logprob_chunk, forward_only)
@@ -48,9 +56,12 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     total, logps = 0.0, []
     for lo in range(0, rows, micro):
         r = slice(lo, lo + micro)
+        shared = None if lay is None else SharedPrompts(*map(put, shared_prompts(packed, r, lay)))
+        prefix_window = None if packed.prefix_window is None else put(packed.prefix_window[r])
         tmb = ts.TokenMicroBatch(put(packed.tokens[r]), put(packed.targets[r]), put(packed.valid[r]),
                                  put(packed.loss_mask[r]), put(packed.window[r]),
-                                 {n: put(packed.fields[n][r]) for n in names})
+                                 {n: put(packed.fields[n][r]) for n in names}, put(packed.active_mask[r]),
+                                 put(packed.prefix_mask[r]), prefix_window, shared)
         if forward_only:
             value, logp = fn(a.params, a.parts.base, tmb)
         else:
@@ -61,4 +72,4 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
         a.grads = acc
         a.open = a.open or OpenUpdate(t0, [], 1)
     logp = np.concatenate(logps)
-    return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}
+    return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}, lay

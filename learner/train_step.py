@@ -21,6 +21,7 @@ from learner.loss import LossOptions, dense_sampling_logprobs, grpo_token_loss
 from learner.model import forward_hidden, forward_logits, hidden_out
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import SharedPrompts, window_hidden
+from learner.token_logprobs import token_logprobs
 from learner.token_losses import token_loss
 
 __all__ = ["ModelParts", "MicroBatch", "TokenMicroBatch", "merge", "forward_logits", "make_logprob_fn",
@@ -43,8 +44,9 @@ class MicroBatch(NamedTuple):
 
 
 class TokenMicroBatch(NamedTuple):
-    """Device arrays of one micro-batch of a TokenBatch ([B, L]; learner/token_batch.py): the same model inputs as
-    a MicroBatch, and the token losses' inputs by name."""
+    """Device arrays of one micro-batch of a TokenBatch ([B, L]; learner/token_batch.py PackedTokens): the model
+    inputs, the token losses' inputs by name, and each datum's split into a prefix and a window
+    (learner/token_logprobs.py)."""
 
     tokens: jax.Array
     targets: jax.Array
@@ -52,7 +54,10 @@ class TokenMicroBatch(NamedTuple):
     loss_mask: jax.Array
     window: jax.Array
     inputs: dict[str, jax.Array]
-    shared: None = None  # token batches run every row whole (no prompt sharing)
+    active_mask: jax.Array
+    prefix_mask: jax.Array
+    prefix_window: jax.Array | None = None
+    shared: SharedPrompts | None = None  # the same rows as distinct prefixes + windows
 
 
 class ModelParts(NamedTuple):
@@ -154,12 +159,15 @@ def make_token_fn(parts: ModelParts, loss: str, config: tuple[tuple[str, float],
     """jit: a token loss (learner/token_losses.py) on one TokenMicroBatch, under the raw model distribution.
 
     forward_only: (lora, base, tmb) -> (loss, logp [B, L]); else (lora, base, grad_acc, tmb) -> (grad_acc + grad,
-    loss, logp). The logprobs come from the same `_logprobs` as GRPO's (chunked LM head, fused gradient)."""
+    loss, logp). The logprobs: learner/token_logprobs.py (GRPO's chunked LM head and fused gradient on each
+    datum's window, its prefix detached and shared)."""
     settings = dict(config)
 
     def loss_fn(lora, base, tmb):
-        logp, _, _ = _logprobs(parts, lora, base, tmb, SamplingTransform(), False, False, chunk,
-                               fused_grad=not forward_only)
+        if chunk > 0:
+            logp = token_logprobs(merge(parts._replace(base=base), lora), tmb, parts.hf, chunk, not forward_only)
+        else:  # the dense reference: full logits at every position
+            logp, _, _ = _logprobs(parts, lora, base, tmb, SamplingTransform(), False, False, chunk)
         return token_loss(loss, logp, tmb.inputs, tmb.loss_mask, settings), logp
 
     if forward_only:

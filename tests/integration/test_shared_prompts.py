@@ -72,3 +72,60 @@ def test_prompts_in_several_updates_and_epochs(tiny_model_dir):
     batch = grouped_batch([12, 20, 9, 15], samples=4, max_completion=8, seed=1)
     assert_same_step(tiny_model_dir, batch, True, seq_bucket=8,
                      grpo={"micro_batch_size": 8, "mini_batch_size": 8, "epochs": 2})
+
+
+def token_datums(prompt_lengths: list[int], samples: int, max_completion: int, loss: str, seed: int = 0):
+    """A TokenBatch as an RL or SFT client builds one: per datum prompt + completion, targets the next tokens, the
+    loss's gate input 0 at the prompt's positions (dro: no gate, every input non-zero)."""
+    from learner.token_batch import TokenBatch
+
+    rng = np.random.default_rng(seed)
+    tokens, targets, inputs = [], [], []
+    for length in prompt_lengths:
+        prompt = list(rng.integers(3, 500, length))
+        for _ in range(samples):
+            seq = prompt + list(rng.integers(3, 500, rng.integers(1, max_completion + 1)))
+            n, at_prompt = len(seq) - 1, np.arange(len(seq) - 1) < length - 1
+            tokens.append(seq[:-1])
+            targets.append(seq[1:])
+            logprobs = np.where(at_prompt, 0.0, -rng.random(n) - 0.5).astype(np.float32)
+            if loss == "cross_entropy":
+                inputs.append({"weights": np.where(at_prompt, 0.0, 1.0).astype(np.float32)})
+            elif loss == "dro":
+                inputs.append({"logprobs": -rng.random(n).astype(np.float32) - 0.5,
+                               "advantages": rng.normal(size=n).astype(np.float32)})
+            else:
+                inputs.append({"logprobs": logprobs,
+                               "advantages": np.where(at_prompt, 0.0, rng.normal()).astype(np.float32)})
+    return TokenBatch(tokens, targets, inputs)
+
+
+def token_step(path, batch, loss: str, **cfg) -> tuple[Learner, dict, dict]:
+    learner = Learner(LearnerConfig.model_validate({"lora": {"rank": 4, "alpha": 8},
+                                                    "optimizer": {"lr": 1.0, "eps": 1.0}, **cfg}), path)
+    before = learner.lora_tensors()[0]
+    out = learner.forward_backward(batch, loss)
+    learner.optim_step()
+    return learner, out, {k: v - before[k] for k, v in learner.lora_tensors()[0].items()}
+
+
+@pytest.mark.parametrize("loss, share", [("cross_entropy", True), ("importance_sampling", False), ("dro", True)])
+def test_token_losses_detach_and_share_prompts_exactly(loss, share, tiny_model_dir):
+    """A token loss's forward_backward, each datum's prompt detached (and shared, the default), against the dense
+    reference (learner.logprob_chunk=0: full logits at every position, plain autodiff): the same loss, every
+    position's logprob, and the same update. The three ways: prompts shared (3 prompts x 4 datums in micro-batches
+    of 8), prompts detached on plain rows (share_prompts off), and no prompt at all (dro's penalty reads every
+    position: it runs plain)."""
+    batch = token_datums([12, 20, 9], samples=4, max_completion=8, loss=loss, seed=2)
+    cfg = {"seq_bucket": 8, "grpo": {"micro_batch_size": 8}}
+    shared, got, change = token_step(tiny_model_dir, batch, loss, share_prompts=share, **cfg)
+    assert (shared._layout is not None) == (share and loss != "dro"), f"layout {shared._layout}"
+    _, want, dense_change = token_step(tiny_model_dir, batch, loss, logprob_chunk=0, **cfg)
+    assert got["loss"] == pytest.approx(want["loss"], rel=2e-4, abs=2e-5)
+    for i, (a, b) in enumerate(zip(got["logprobs"], want["logprobs"])):
+        assert a.shape == b.shape == (len(batch.tokens[i]),)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-4, err_msg=f"datum {i}")
+    scale = max(np.abs(v).max() for v in dense_change.values())
+    assert scale > 0, "the step moved nothing: the comparison would be empty"
+    for name, value in dense_change.items():
+        np.testing.assert_allclose(change[name], value, rtol=1e-3, atol=1e-3 * scale, err_msg=name)
