@@ -57,7 +57,8 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     for lo in range(0, rows, micro):
         r = slice(lo, lo + micro)
         shared = None if lay is None else SharedPrompts(*map(put, shared_prompts(packed, r, lay)))
-        prefix_window = None if packed.prefix_window is None else put(packed.prefix_window[r])
+        # Shared, the prefixes' logprobs come from the prompt block: no [B, S] window (nor its shape in jit's key).
+        prefix_window = None if lay is not None or packed.prefix_window is None else put(packed.prefix_window[r])
         tmb = ts.TokenMicroBatch(put(packed.tokens[r]), put(packed.targets[r]), put(packed.valid[r]),
                                  put(packed.loss_mask[r]), put(packed.window[r]),
                                  {n: put(packed.fields[n][r]) for n in names}, put(packed.active_mask[r]),
