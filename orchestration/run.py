@@ -21,6 +21,7 @@ from common import peft_adapter
 from learner.handle import LearnerDied
 from orchestration import signals
 from orchestration.cluster import launch
+from orchestration.cluster.process_tree import already_running, ending_what_it_started
 from orchestration.config.schema import RunConfig
 from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
@@ -162,6 +163,7 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
 
 
 def run(cfg: RunConfig, run_dir: RunDir) -> None:
+    spare = already_running()  # before the first part starts: whatever else runs below this process is not ours
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
     environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
     prompts = run_rows(cfg, environment, "train")  # a data config error (DataError) too: in seconds, not minutes
@@ -209,12 +211,13 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
             save_on_stop(parts, state)
         raise
     finally:
-        if parts is not None and parts.metrics is not None:
-            parts.metrics.close()
-        for engine in (rollout, judge_engine):
-            if engine is not None:
-                engine.stop()
-        rewards.close()
-        run_dir.sync_all()
-        if started_cluster:
-            launch.disconnect()
+        with ending_what_it_started(spare):  # what a part's stop leaves behind is ended before the run returns
+            if parts is not None and parts.metrics is not None:
+                parts.metrics.close()
+            for engine in (rollout, judge_engine):
+                if engine is not None:
+                    engine.stop()
+            rewards.close()
+            run_dir.sync_all()
+            if started_cluster:
+                launch.disconnect()

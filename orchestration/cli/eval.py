@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from orchestration import signals
-from orchestration.cluster.process_tree import own_descendants_until_exit
+from orchestration.cluster.process_tree import already_running, ending_what_it_started
 from orchestration.report import stats
 from pydantic import ValidationError
 
@@ -123,6 +123,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     from tasks.render import PromptRenderer
     from rollout.handle import Rollout
 
+    spare = already_running()  # before the first part starts: whatever else runs below this process is not ours
     cfg = job.cfg
     renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
     rewards = run_rewards(cfg)  # before Ray: a reward that does not import fails in seconds
@@ -147,10 +148,11 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
                                                  job.environment, run_limits(cfg), lambda: fault("eval", 0),
                                                  job.schedule)
     finally:
-        rewards.close()
-        if judge_engine is not None:
-            judge_engine.stop()
-        ray.shutdown()
+        with ending_what_it_started(spare):  # what a part's stop leaves behind is ended before eval returns
+            rewards.close()
+            if judge_engine is not None:
+                judge_engine.stop()
+            ray.shutdown()
     return scores
 
 
@@ -216,7 +218,6 @@ def format_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)

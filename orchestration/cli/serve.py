@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.cluster.process_tree import own_descendants_until_exit
+from orchestration.cluster.process_tree import already_running, ending_what_it_started
 from orchestration.config.schema import RunConfig
 from orchestration.config.errors import ConfigError, error_report
 from orchestration.config.files import load_config
@@ -54,7 +54,6 @@ def curl_example(url: str, name: str, api_key: str | None, prompt: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()  # Ctrl-C / SIGTERM work even when started with SIGINT ignored (nohup, `&` in a script)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -75,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks import setup_dataset
     from rollout.backend import setup_backend
 
+    spare = already_running()
     backend = setup_backend(backend_cfg, cfg.model.resolved_path, run_dir / "serve")
     try:
         url = backend.start()
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve: stopped (interrupted by {exc.name}); the engine is shut down", file=sys.stderr)
         return exc.exit_code()
     finally:
-        backend.stop()  # idempotent
+        with ending_what_it_started(spare):  # what the engine's stop leaves behind is ended before serve returns
+            backend.stop()  # idempotent
 
 
 if __name__ == "__main__":

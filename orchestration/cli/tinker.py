@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.cluster.process_tree import own_descendants_until_exit
+from orchestration.cluster.process_tree import already_running, ending_what_it_started
 from orchestration.config.errors import ConfigError, error_report
 from orchestration.config.files import dump_config, load_config
 from orchestration.config.schema import ServiceConfig
@@ -46,7 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -82,6 +81,7 @@ def serve(cfg, run_dir, host: str, port: int, api_key: str) -> int:
     from orchestration.service.app import TinkerApp
     from orchestration.service.training import TinkerService
 
+    spare = already_running()
     started = launch.connect(cfg)
     signals.install()  # ray.init replaced the SIGTERM handler
     learner = rollout = None
@@ -113,12 +113,13 @@ def serve(cfg, run_dir, host: str, port: int, api_key: str) -> int:
         asyncio.run(run())
         return 0
     finally:
-        if rollout is not None:
-            rollout.stop()
-        if learner is not None:
-            learner.kill()
-        if started:
-            launch.disconnect()
+        with ending_what_it_started(spare):  # what a part's stop leaves behind is ended before the service returns
+            if rollout is not None:
+                rollout.stop()
+            if learner is not None:
+                learner.kill()
+            if started:
+                launch.disconnect()
 
 
 if __name__ == "__main__":

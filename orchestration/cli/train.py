@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from orchestration import signals
-from orchestration.cluster.process_tree import own_descendants_until_exit
 from orchestration.config.schema import RunConfig
 from orchestration.config.errors import ConfigError, error_report
 from orchestration.config.files import dump_config, load_config
@@ -73,7 +72,6 @@ def setup_logging(run_dir: RunDir) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own_descendants_until_exit()  # first: its exit handler then runs after Ray's and every part's own
     signals.install()
     try:
         return _main(argv)

@@ -1,25 +1,30 @@
-"""Nothing a run started outlives it: its driver adopts every orphaned descendant and ends what is left at exit.
+"""Nothing a run started outlives it: while its parts stop, the driver adopts what they orphan, then ends what is left.
 
 Each part stops what it started (the engines their servers, `ray.shutdown()` the local cluster, an environment's host
 its episodes), but some of those stops only begin an exit: a Ray worker leaves after it notices its raylet is gone,
-a killed process is gone only once the kernel has torn it down. A driver that exits first leaves them running for a
-moment, or for good when one hangs on the way out. So the driver of `aha train` and `aha tinker` becomes a child
-subreaper (Linux: PR_SET_CHILD_SUBREAPER), which makes every orphaned descendant its child, and at exit, after
-everything else has stopped, sends SIGTERM to what remains, SIGKILL after a grace, and waits until each is reaped.
+a killed process is gone only once it has been reaped. A driver that exits first leaves them running for a moment,
+or for good when one hangs on the way out. So `aha train`, `tinker`, `eval` and `serve` stop their parts inside
+`ending_what_it_started()`: the driver becomes a child subreaper (Linux: PR_SET_CHILD_SUBREAPER), so every process
+orphaned meanwhile becomes its child; at the end what remains below it gets SIGTERM, SIGKILL after a grace, and is
+reaped, and the driver stops being a subreaper.
 
-Under `ray job submit` the cluster's processes are the cluster's (their parent is its raylet), not the driver's:
-only what the driver itself started is ended.
+Only while stopping: a subreaper for the whole run would adopt what the run's parts orphan on purpose (a reward's
+daemon, a fork bomb's copies once the reward pool kills them), and their zombies, which nobody else would reap,
+would count against the pool user's task limit until the run ends (tests/integration/test_user_task.py's daemon
+reward found that: its fork failed with EAGAIN at step 2). Under `ray job submit` the cluster's processes are the
+cluster's (their parent is its raylet): only what the driver itself started is ended.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import ctypes
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +36,38 @@ KILL_WAIT_S = 60.0
 POLL_S = 0.05
 
 
-def own_descendants_until_exit() -> None:
-    """Become the subreaper of everything this process starts, and end it all at interpreter exit.
-
-    Call first thing in a CLI's main: atexit runs its handlers last-registered first, so this one runs after Ray's
-    shutdown and every part's own close.
-    """
+def set_subreaper(on: bool) -> bool:
+    """Make this process the subreaper of its descendants' orphans (or stop); False where that is not possible."""
     if not sys.platform.startswith("linux"):
-        return  # no subreapers: each part's own stop is all there is (a laptop's run)
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        log.warning("could not become a child subreaper (errno %d): a process the run started may outlive it",
-                    ctypes.get_errno())
-    atexit.register(end_descendants)
+        return False  # no subreapers: each part's own stop is all there is (a laptop's run)
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        log.warning("could not %s a child subreaper (errno %d)", "become" if on else "stop being", ctypes.get_errno())
+        return False
+    return True
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """Pids of the live (not zombie) processes below `root` (this process), children first."""
+def already_running() -> frozenset[int]:
+    """This process's descendants now: taken when a run starts, they are not the run's to end (a notebook's other
+    subprocesses, a test's servers)."""
+    return frozenset(descendants())
+
+
+@contextlib.contextmanager
+def ending_what_it_started(spare: frozenset[int] = frozenset()) -> Iterator[None]:
+    """Stop the parts inside this: whatever they orphan is adopted, and what is left at the end (but the processes
+    in `spare` and their own descendants) is ended and reaped."""
+    adopting = set_subreaper(True)
+    try:
+        yield
+    finally:
+        end_descendants(spare)
+        if adopting:
+            set_subreaper(False)
+
+
+def descendants(root: int | None = None, spare: frozenset[int] = frozenset()) -> list[int]:
+    """Pids of the live (not zombie) processes below `root` (this process), children first; not the processes in
+    `spare`, nor what is below them."""
     parents: dict[int, int] = {}
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -59,7 +80,7 @@ def descendants(root: int | None = None) -> list[int]:
             parents[int(name)] = int(fields[1])
     found, frontier = [], [root or os.getpid()]
     while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
+        children = [pid for pid, parent in parents.items() if parent in frontier and pid not in spare]
         found += children
         frontier = children
     return found
@@ -73,38 +94,40 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
             pass
 
 
-def reap_children() -> None:
-    """Collect every child that has exited (zombies keep their pid taken until then)."""
-    while True:
+def reap(pids: set[int]) -> None:
+    """Collect those of `pids` that are this process's exited children (adopted ones included); not any other child,
+    whose status its own Popen may still want."""
+    for pid in list(pids):
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                pids.discard(pid)
+        except ChildProcessError:  # not ours (yet), or reaped already
+            pass
 
 
-def wait_gone(deadline: float) -> list[int]:
-    """Reap until no descendant is left or the deadline passes; what is left."""
+def wait_gone(deadline: float, spare: frozenset[int], ended: set[int]) -> list[int]:
+    """Reap until no descendant (but `spare`) is left or the deadline passes; what is left."""
     while True:
-        reap_children()
-        left = descendants()
+        reap(ended)
+        left = descendants(spare=spare)
+        ended.update(left)
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(POLL_S)
 
 
-def end_descendants() -> None:
-    """SIGTERM what this process's descendants are still running, SIGKILL it after a grace, and wait it out."""
-    left = descendants()
+def end_descendants(spare: frozenset[int] = frozenset()) -> None:
+    """SIGTERM what this process's descendants (but `spare`) still run, SIGKILL it after a grace, and wait it out."""
+    left = descendants(spare=spare)
     if not left:
-        reap_children()
         return
+    ended = set(left)
     signal_all(left, signal.SIGTERM)
-    left = wait_gone(time.monotonic() + TERM_GRACE_S)
+    left = wait_gone(time.monotonic() + TERM_GRACE_S, spare, ended)
     deadline = time.monotonic() + KILL_WAIT_S
     while left and time.monotonic() < deadline:
         signal_all(left, signal.SIGKILL)  # again each round: a process orphaned since is ours now
-        left = wait_gone(min(deadline, time.monotonic() + 1.0))
+        left = wait_gone(min(deadline, time.monotonic() + 1.0), spare, ended)
+    reap(ended)
     if left:
-        print(f"processes {left} of this run did not end within {KILL_WAIT_S:g} s of SIGKILL", file=sys.stderr)
+        log.error("processes %s of this run did not end within %g s of SIGKILL", left, KILL_WAIT_S)
