@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,15 @@ def marked_processes(value: str) -> list[int]:
         if f"{MARK}={value}".encode() in environ.split(b"\0"):
             found.append(int(pid))
     return found
+
+
+def kill_leftovers(pids: list[int]) -> None:
+    """SIGKILL what a test's run left (those gone already are skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def command_lines(pids: list[int]) -> dict[int, str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MARK, marked_processes
+from conftest import MARK, kill_leftovers, marked_processes
 from orchestration.config.files import dump_config, load_config
 from orchestration.metrics import read_metrics
 from rollout.server_process import free_port
@@ -60,14 +60,6 @@ def leftovers(marker: str, grace_s: float = LEFTOVER_S) -> list[int]:
     while (alive := marked_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return alive
-
-
-def kill_leftovers(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def signal_held(argv: list[str], phase: str, step: int, signum: int, to_group: bool,

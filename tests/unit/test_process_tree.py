@@ -16,7 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from conftest import MARK, marked_processes
+from conftest import MARK, kill_leftovers, marked_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 ORPHAN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
@@ -51,21 +51,13 @@ def run_driver(own: bool) -> tuple[subprocess.CompletedProcess, int, list[int]]:
     return driver, bystander, left
 
 
-def kill(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def test_an_orphan_that_ignores_sigterm_is_ended_and_a_process_from_before_is_spared():
     driver, bystander, left = run_driver(own=True)
     try:
         assert driver.stdout.split()[0] == "orphaned"
         assert left == [bystander], f"the driver exited and left {left} running (spared: {bystander})"
     finally:
-        kill(left)
+        kill_leftovers(left)
 
 
 def test_without_it_the_orphan_outlives_the_driver():
@@ -74,7 +66,7 @@ def test_without_it_the_orphan_outlives_the_driver():
     try:
         assert len(left) == 2 and bystander in left, f"expected the orphan and the bystander alive, found {left}"
     finally:
-        kill(left)
+        kill_leftovers(left)
 
 
 def test_descendants_are_children_and_their_children():
