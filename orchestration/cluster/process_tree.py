@@ -68,6 +68,8 @@ def ending_what_it_started(spare: frozenset[int] = frozenset()) -> Iterator[None
 def descendants(root: int | None = None, spare: frozenset[int] = frozenset()) -> list[int]:
     """Pids of the live (not zombie) processes below `root` (this process), children first; not the processes in
     `spare`, nor what is below them."""
+    if not os.path.isdir("/proc"):
+        return []  # no /proc (macOS): each part's own stop is all there is
     parents: dict[int, int] = {}
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
