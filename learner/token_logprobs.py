@@ -72,7 +72,7 @@ def shared_prefix_logprobs(prompt_hidden: jax.Array, head, vocab: int, tmb, chun
     slots = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
     rows = Positions(sp.prompt_tokens, next_tokens, sp.prompt_valid, has_next.astype(jnp.float32), slots)
     per_prompt = window_logprobs(prompt_hidden, head, vocab, rows, RAW, chunk, False, False, at_window=True)[0]
-    b, length = tmb.tokens.shape
+    length = tmb.tokens.shape[1]
     pad = (p - sp.prompt_length)[:, None]
     slot = jnp.clip(pad + jnp.arange(length)[None], 0, p - 1)
     gathered = per_prompt[sp.row_prompt[:, None], slot]

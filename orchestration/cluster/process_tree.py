@@ -80,11 +80,11 @@ def descendants(root: int | None = None, spare: frozenset[int] = frozenset()) ->
         fields = stat[stat.rindex(b")") + 2:].split()
         if fields[0] != b"Z":
             parents[int(name)] = int(fields[1])
-    found, frontier = [], [root or os.getpid()]
+    found, frontier = [], {root or os.getpid()}
     while frontier:
         children = [pid for pid, parent in parents.items() if parent in frontier and pid not in spare]
         found += children
-        frontier = children
+        frontier = set(children)
     return found
 
 

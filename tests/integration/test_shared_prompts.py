@@ -100,7 +100,7 @@ def token_datums(prompt_lengths: list[int], samples: int, max_completion: int, l
     return TokenBatch(tokens, targets, inputs)
 
 
-def token_step(path, batch, loss: str, **cfg) -> tuple[Learner, dict, dict]:
+def one_token_update(path, batch, loss: str, **cfg) -> tuple[Learner, dict, dict]:
     learner = Learner(LearnerConfig.model_validate({"lora": {"rank": 4, "alpha": 8},
                                                     "optimizer": {"lr": 1.0, "eps": 1.0}, **cfg}), path)
     before = learner.lora_tensors()[0]
@@ -118,9 +118,9 @@ def test_token_losses_detach_and_share_prompts_exactly(loss, share, tiny_model_d
     position: it runs plain)."""
     batch = token_datums([12, 20, 9], samples=4, max_completion=8, loss=loss, seed=2)
     cfg = {"seq_bucket": 8, "grpo": {"micro_batch_size": 8}}
-    shared, got, change = token_step(tiny_model_dir, batch, loss, share_prompts=share, **cfg)
+    shared, got, change = one_token_update(tiny_model_dir, batch, loss, share_prompts=share, **cfg)
     assert (shared._layout is not None) == (share and loss != "dro"), f"layout {shared._layout}"
-    _, want, dense_change = token_step(tiny_model_dir, batch, loss, logprob_chunk=0, **cfg)
+    _, want, dense_change = one_token_update(tiny_model_dir, batch, loss, logprob_chunk=0, **cfg)
     assert got["loss"] == pytest.approx(want["loss"], rel=2e-4, abs=2e-5)
     for i, (a, b) in enumerate(zip(got["logprobs"], want["logprobs"])):
         assert a.shape == b.shape == (len(batch.tokens[i]),)
