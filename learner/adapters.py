@@ -46,11 +46,13 @@ class AdamParams:
 @dataclass
 class OpenUpdate:
     """An update forward_backward opened and optim_step closes: when it began, the grad norms of the updates
-    already applied (several per GRPO batch with epochs or mini-batches), how many updates it makes in all."""
+    already applied (several per GRPO batch with epochs or mini-batches), how many updates it makes in all, and
+    the process's compile seconds when it began (learner/compile_time.py)."""
 
     t0: float
     norms: list[float]
     updates: int
+    compiled_before: float = 0.0
 
 
 @dataclass
@@ -70,16 +72,18 @@ class Adapter:
 
     def __post_init__(self) -> None:
         if self.apply is None:
-            self.apply = ts.make_apply_fn(self.tx)
+            self.apply = ts.make_apply_fn(self.tx, self.params, self.opt_state)
 
 
 def init_opt_state(tx: optax.GradientTransformation, params: dict, mesh: jax.sharding.Mesh) -> Any:
-    """tx's state for `params`, every leaf on the learner's mesh (scalars such as Adam's step count would
-    otherwise land on device 0, outside a learner that owns other devices)."""
+    """tx's state for `params`, every leaf a NamedSharding on the learner's mesh: scalars such as Adam's step count
+    would otherwise land on device 0, outside a learner that owns other devices, and a one-device learner's
+    leaves came out as SingleDeviceSharding, which the update's jit keys apart from what it returns (the
+    second step traced it again)."""
     replicated = NamedSharding(mesh, PartitionSpec())
     mesh_devices = set(mesh.devices.flat)
-    return jax.tree.map(lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, replicated),
-                        jax.jit(tx.init)(params))
+    on_mesh = lambda x: isinstance(x.sharding, NamedSharding) and x.sharding.device_set == mesh_devices  # noqa: E731
+    return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), jax.jit(tx.init)(params))
 
 
 def split_lora(model: nnx.Module, hf: dict) -> tuple[ts.ModelParts, dict]:

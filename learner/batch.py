@@ -87,21 +87,44 @@ def bucket_length(n: int, bucket: int) -> int:
     return max(bucket, -(-n // bucket) * bucket)
 
 
-def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | None = None) -> PackedBatch:
-    """Right-pad prompt+completion to a bucketed length; add all-masked rows up to `rows` (fixed batch shapes)."""
+@dataclass
+class ShapeFloor:
+    """The largest padded shapes a GRPO step has run; later steps pad up to them rather than run smaller ones.
+
+    Each new (length, window, prompt block) is a new program to compile (20-40 s for SmolLM2 on CPU, minutes for
+    a large model on TPU), and sampled lengths vary from step to step: padding a step to the largest shapes seen
+    costs a few masked positions, and a run compiles only when a batch outgrows them (learner.pad_to_largest)."""
+
+    length: int = 0
+    window: int = 0
+    prompts: int = 0  # the shared-prompt block's rows and length (learner/shared_prompts.py)
+    prompt_len: int = 0
+
+    def raise_to(self, packed: "PackedBatch", prompts: int = 0, prompt_len: int = 0) -> None:
+        self.length = max(self.length, packed.tokens.shape[1])
+        self.window = max(self.window, packed.window.shape[1])
+        self.prompts, self.prompt_len = max(self.prompts, prompts), max(self.prompt_len, prompt_len)
+
+
+def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | None = None,
+         floor: ShapeFloor | None = None) -> PackedBatch:
+    """Right-pad prompt+completion to a bucketed length (at least `floor.length`, the window at least
+    `floor.window`); add all-masked rows up to `rows` (fixed batch shapes)."""
+    floor = floor or ShapeFloor()
     n = len(batch)
     rows = n if rows is None else rows
     if rows < n:
         raise ValueError(f"pack: rows={rows} < batch size {n}")
     # One token fewer than the sequence: the last token predicts nothing we train on.
     length = bucket_length(max(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)), bucket)
+    length = max(length, floor.length)
     tokens = np.zeros((rows, length), np.int32)
     targets = np.zeros((rows, length), np.int32)
     valid = np.zeros((rows, length), bool)
     loss_mask = np.zeros((rows, length), np.float32)
     engine_lp = np.zeros((rows, length), np.float32)
     adv = np.zeros((rows,), np.float32)
-    width = min(bucket_length(max(len(c) for c in batch.completion_ids), bucket), length)
+    width = min(max(bucket_length(max(len(c) for c in batch.completion_ids), bucket), floor.window), length)
     window = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy()
     masks = batch.completion_mask or [None] * n
     for i, (p, c, lp, m) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs, masks)):

@@ -157,6 +157,10 @@ class LearnerConfig(Strict):
     """Dtype of the base weights and LoRA weights (float32 on CPU: bf16 is slow there and causes logit ties)."""
     seq_bucket: int = Field(64, ge=1)
     """Padded sequence lengths are multiples of this, so jit compiles once per bucket, not per batch."""
+    pad_to_largest: bool = True
+    """Pad each GRPO step to the largest shapes (length, completion window, shared-prompt block) an earlier step
+    of this learner ran, never to smaller ones: a run compiles its step only when a batch outgrows them, not each
+    time sampled lengths move between buckets (learner/batch.py ShapeFloor). Off = each step's own buckets."""
     logprob_chunk: int = Field(128, ge=0)
     """Most completion positions per chunk of the LM head + sampling transform + log-softmax: each chunk holds at
     most micro_batch_size x logprob_chunk x vocab fp32 logits; the window is split into even chunks (192 positions

@@ -33,8 +33,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from learner import train_step as ts
 from learner.adapters import POLICY, AdamParams, Adapter, OpenUpdate, init_opt_state, new_adapter, split_lora
-from learner.batch import PackedBatch, TrainBatch, pack, slice_rows
+from learner.batch import PackedBatch, ShapeFloor, TrainBatch, pack, slice_rows
 from learner.checkpoint import Checkpointer
+from learner.compile_time import compile_seconds
 from learner.config import LearnerConfig, LoraConfig
 from learner.distributed import put_global, to_host, tree_to_host
 from learner.lora import adapter_config, apply_lora, peft_tensors
@@ -68,6 +69,7 @@ class Learner:
         self.adapters: dict[str, Adapter] = {
             POLICY: Adapter(cfg.lora, parts, params, init_opt_state(tx, params, self.mesh), tx, per_step_adam=False)}
         self._layout: Layout | None = None  # this step's prompt-sharing block sizes (None: plain rows)
+        self._floor = ShapeFloor()  # the largest GRPO step shapes so far (learner.pad_to_largest)
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
@@ -116,7 +118,7 @@ class Learner:
             return out
         if adapter != POLICY or not isinstance(batch, TrainBatch) or forward_only:
             raise ValueError("loss 'grpo' trains the policy adapter on a TrainBatch of groups (with a gradient)")
-        t0 = time.perf_counter()
+        t0, compiled_before = time.perf_counter(), compile_seconds()
         g = self.cfg.grpo
         adv = grpo_advantages(batch.rewards, batch.group_ids, g.std_normalize)
         constant = constant_reward_groups(batch.rewards, batch.group_ids)
@@ -125,8 +127,11 @@ class Learner:
         if g.skip_zero_variance_groups and constant.any() and not constant.all():
             batch, adv = _take(batch, adv, np.flatnonzero(~constant))
         micro, mini, rows = self._batch_geometry(len(batch))
-        packed = pack(*_take(batch, adv, self._group_order(batch.group_ids)), self.cfg.seq_bucket, rows)
-        self._layout = self._share_layout(packed, micro)
+        floor = self._floor if self.cfg.pad_to_largest else None
+        packed = pack(*_take(batch, adv, self._group_order(batch.group_ids)), self.cfg.seq_bucket, rows, floor)
+        self._layout = self._share_layout(packed, micro, floor)
+        lay = self._layout
+        self._floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0)
         off_policy = g.epochs > 1 or rows // mini > 1
         logprob_fn, accumulate = self._compiled(batch.sampling, off_policy)
 
@@ -138,7 +143,7 @@ class Learner:
             losses.append(self._accumulate(accumulate, packed, old, slice(lo, lo + mini), micro, totals))
             if k < len(updates) - 1:
                 norms.append(self._apply_grads())
-        self.adapters[POLICY].open = OpenUpdate(t0, norms, len(updates))
+        self.adapters[POLICY].open = OpenUpdate(t0, norms, len(updates), compiled_before)
         out = self._metrics(totals, losses, adv)
         out["learner/completion_tokens"] = float(packed.loss_mask.sum())
         out["learner/zero_adv_frac"] = zero_adv_frac
@@ -147,7 +152,8 @@ class Learner:
 
     def optim_step(self, adapter: str = POLICY, adam: AdamParams | None = None) -> dict[str, float]:
         """Apply `adapter`'s held gradient (AdamW on its LoRA weights) and clear it; returns `learner/grad_norm`,
-        `learner/updates` and `learner/step_s` (from the forward_backward that opened the update). `adam`: the
+        `learner/updates`, `learner/step_s` and `learner/compile_s` (both from the forward_backward that opened the
+        update: its seconds, and those of them spent making XLA programs for new shapes). `adam`: the
         update's AdamW numbers for an adapter a service added; the policy's are the run config's."""
         a = self._adapter(adapter)
         if a.grads is None:
@@ -156,10 +162,11 @@ class Learner:
             a.opt_state = ts.with_adam(a.opt_state, adam or AdamParams())
         elif adam is not None:
             raise ValueError("the policy adapter's AdamW numbers are the run config's learner.optimizer")
-        opened, a.open = a.open or OpenUpdate(time.perf_counter(), [], 1), None
+        opened, a.open = a.open or OpenUpdate(time.perf_counter(), [], 1, compile_seconds()), None
         norms = [*opened.norms, self._apply_grads(a)]
         return {"learner/grad_norm": float(np.mean(norms)), "learner/updates": float(opened.updates),
-                "learner/step_s": time.perf_counter() - opened.t0}
+                "learner/step_s": time.perf_counter() - opened.t0,
+                "learner/compile_s": compile_seconds() - opened.compiled_before}
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One GRPO step: forward_backward(batch, "grpo") + optim_step(); returns their `learner/...` metrics."""
@@ -171,12 +178,12 @@ class Learner:
         distinct = np.unique(groups)
         return np.concatenate([np.flatnonzero(groups == g) for g in distinct[self._rng.permutation(len(distinct))]])
 
-    def _share_layout(self, packed: PackedBatch, micro: int) -> Layout | None:
+    def _share_layout(self, packed: PackedBatch, micro: int, floor: ShapeFloor | None = None) -> Layout | None:
         if not self.cfg.share_prompts or self.cfg.logprob_chunk == 0:
             return None
         # Tunix's Gemma 3 masks its sliding window by slot index (see shared_prompts): share within one window.
         span = self._hf.get("sliding_window") if self.family == "gemma3" else None
-        return layout(packed, micro, self._data_parallel, self.cfg.seq_bucket, span)
+        return layout(packed, micro, self._data_parallel, self.cfg.seq_bucket, span, floor)
 
     def _batch_geometry(self, n: int) -> tuple[int, int, int]:
         """(micro, mini, rows): micro divides mini divides rows >= n; micro divisible by the data-parallel size."""

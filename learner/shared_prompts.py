@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from learner.batch import PackedBatch, bucket_length
+from learner.batch import PackedBatch, ShapeFloor, bucket_length
 from learner.model import head_dim
 
 
@@ -61,13 +61,16 @@ def _distinct(packed: PackedBatch, rows: slice) -> tuple[list[tuple[int, ...]], 
     return list(index), np.asarray(row_prompt, np.int32)
 
 
-def layout(packed: PackedBatch, micro: int, data_parallel: int, bucket: int, max_span: int | None) -> Layout | None:
-    """Block sizes for every micro-batch of `packed` (rows grouped so a group's samples are adjacent), or None
-    where sharing would run as many tokens as the plain [B, L] forward (or cannot apply, see `max_span`)."""
+def layout(packed: PackedBatch, micro: int, data_parallel: int, bucket: int, max_span: int | None,
+           floor: ShapeFloor | None = None) -> Layout | None:
+    """Block sizes for every micro-batch of `packed` (rows grouped so a group's samples are adjacent), at least
+    `floor`'s prompt block, or None where sharing would run as many tokens as the plain [B, L] forward (or cannot
+    apply, see `max_span`)."""
+    floor = floor or ShapeFloor()
     rows, length = packed.tokens.shape
     most = max(len(_distinct(packed, slice(lo, lo + micro))[0]) for lo in range(0, rows, micro))
-    prompts = -(-most // data_parallel) * data_parallel  # the prompt block is sharded like the batch
-    prompt_len = bucket_length(int(_prompt_lengths(packed).max()), bucket)
+    prompts = max(-(-most // data_parallel) * data_parallel, floor.prompts)  # sharded like the batch
+    prompt_len = max(bucket_length(int(_prompt_lengths(packed).max()), bucket), floor.prompt_len)
     completion_len = packed.window.shape[1]
     if max_span is not None and prompt_len + completion_len > max_span:
         return None

@@ -21,6 +21,7 @@ import numpy as np
 
 from learner import train_step as ts
 from learner.adapters import Adapter, OpenUpdate
+from learner.compile_time import compile_seconds
 from learner.config import LearnerConfig
 from learner.distributed import put_global, to_host
 from learner.token_batch import TokenBatch, pack_tokens
@@ -35,7 +36,7 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     update}, the prompt-sharing layout used or None); without `forward_only`, the loss's gradient is added to
     `a.grads` for the next optim_step. `sharding`: the learner's batch sharding (rows over its data-parallel axis);
     `share(packed, micro)`: the learner's prompt-sharing layout for these rows, or None."""
-    t0 = time.perf_counter()
+    t0, compiled_before = time.perf_counter(), compile_seconds()
     settings = loss_config(loss, config)
     names = TOKEN_LOSSES[loss]
     for i, inputs in enumerate(batch.inputs or [{}] * len(batch)):
@@ -71,6 +72,6 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
         logps.append(to_host(logp))
     if not forward_only:
         a.grads = acc
-        a.open = a.open or OpenUpdate(t0, [], 1)
+        a.open = a.open or OpenUpdate(t0, [], 1, compiled_before)
     logp = np.concatenate(logps)
     return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}, lay

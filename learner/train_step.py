@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 from flax import nnx
 
 from learner.config import OptimizerConfig
@@ -219,11 +220,20 @@ def with_adam(opt_state: Any, adam: Any) -> Any:
     return opt_state._replace(hyperparams=hyper)
 
 
-def make_apply_fn(tx: optax.GradientTransformation):
-    """jit: (lora, opt_state, grads) -> (new lora, new opt_state, pre-clip grad norm)."""
+def make_apply_fn(tx: optax.GradientTransformation, lora: Any = None, opt_state: Any = None):
+    """jit: (lora, opt_state, grads) -> (new lora, new opt_state, pre-clip grad norm).
+
+    Given the adapter's arrays, the new ones keep their shardings: left to XLA, a LoRA leaf sharded over a mesh
+    axis of size 1 came back replicated (an equivalent sharding, but another jit cache key), so the second step
+    traced and compiled every step piece again."""
 
     def fn(lora, opt_state, grads):
         updates, opt_state = tx.update(grads, opt_state, lora)
         return optax.apply_updates(lora, updates), opt_state, optax.global_norm(grads)
 
-    return jax.jit(fn, donate_argnums=(0, 1))
+    if lora is None:
+        return jax.jit(fn, donate_argnums=(0, 1))
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
+    first = jax.tree.leaves(lora)[0].sharding
+    scalar = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
+    return jax.jit(fn, donate_argnums=(0, 1), out_shardings=(shardings(lora), shardings(opt_state), scalar))

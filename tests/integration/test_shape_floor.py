@@ -1,0 +1,57 @@
+"""learner.pad_to_largest: a GRPO step whose batch is shorter than an earlier one's runs the earlier (compiled)
+shapes instead of compiling its own, with the same loss and update; `learner/compile_s` shows which steps compiled.
+
+Before it, every step whose sampled lengths fell in another bucket compiled anew (the demo's learn phase read
+32-48 s at steps 1, 4, 5, 21 and 22 against ~6 s otherwise, and bench_loop's async mean counted them as slow
+updates)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from learner.batch import TrainBatch
+from learner.config import LearnerConfig
+from learner.learner import Learner
+from learner.sampling import SamplingTransform
+
+pytestmark = pytest.mark.integration
+G = 4  # group size
+
+
+def batch(rng: np.random.Generator, prompt: int, completion: int) -> TrainBatch:
+    """Two groups of G samples: `prompt` tokens each, `completion` tokens, varied rewards."""
+    prompts = [list(rng.integers(3, 49000, prompt)) for _ in range(2)]
+    return TrainBatch(
+        prompt_ids=[prompts[i // G] for i in range(2 * G)],
+        completion_ids=[list(rng.integers(3, 49000, completion)) for _ in range(2 * G)],
+        engine_logprobs=[list(rng.uniform(-6, -1, completion)) for _ in range(2 * G)],
+        rewards=rng.uniform(0, 1, 2 * G).astype(np.float32), group_ids=np.repeat(np.arange(2), G),
+        sampling=SamplingTransform(temperature=1.0))
+
+
+def learner(tiny_model_dir, pad: bool) -> Learner:
+    return Learner(LearnerConfig.model_validate({
+        "devices": {"offset": 0, "count": 1}, "seq_bucket": 8, "pad_to_largest": pad, "optimizer": {"lr": 1e-3},
+        "grpo": {"micro_batch_size": 2 * G}}), tiny_model_dir)
+
+
+def test_a_shorter_step_runs_the_compiled_shapes_with_the_same_update(tiny_model_dir):
+    rng = np.random.default_rng(0)
+    long, short = batch(rng, 12, 20), batch(rng, 5, 3)  # length 32 / window 24 vs 8 / 8 in buckets of 8
+    padded, own = learner(tiny_model_dir, True), learner(tiny_model_dir, False)
+    first = [padded.step(long), own.step(long)]
+    assert all(m["learner/compile_s"] > 0 for m in first), "the first step compiles: compile_s must show it"
+    again, fresh = padded.step(short), own.step(short)
+
+    assert fresh["learner/compile_s"] > 0, "without the floor, the shorter batch's shapes compile anew"
+    assert again["learner/compile_s"] == 0, (
+        f"pad_to_largest: the shorter batch compiled ({again['learner/compile_s']:.2f} s) instead of running the "
+        "first step's shapes")
+    for key in ("loss", "grad_norm", "entropy", "logprob_abs_diff"):
+        np.testing.assert_allclose(again[f"learner/{key}"], fresh[f"learner/{key}"], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"padding to the larger shapes changed learner/{key}")
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(own.params)):
+        # Adam moves each element by ~lr x sign(grad): compare at the scale of one step (lr 1e-3).
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
