@@ -17,9 +17,7 @@ Unpinned, the engine and the learner share every core, so async can only hide wh
 machine's cores (`rollout.backend.cpu_cores`), the learner the rest (`learner.cpu_cores`); Tunix's colocated loop
 gets all of them, the same cores in total.
 
-Measured (`bench/bench_loop.py --tunix --steps 5`, SmolLM2 demo config, idle 2-core machine, 2026-11-22, 25 min):
-sync 99.5 s/step (generate 46.5, learn 52.7), async 66.4 s, async / max = 1.260, async / sync = 0.667, push pause
-269 ms = 0.0027 of a step; Tunix colocated 69.9 s/step, ours (async) / Tunix = 0.949.
+Figures and their history: docs/benchmarks.md (the bench_loop rows).
 """
 
 from __future__ import annotations
