@@ -201,6 +201,22 @@ def test_forked_worker_runs_on_the_cores_and_threads_vllm_bound_it_to(rollout, p
     assert len(busy) == len(cores), f"threads computing in the worker: {busy}"
 
 
+def test_the_engine_core_sleeps_while_the_worker_computes(rollout, prompt):
+    """vLLM's shared-memory queue readers spin for 1 s after each read, so on CPU the engine core spun through
+    every forward of its worker: 96% of a core during the demo's batch before engine_ext's aha_vllm_quiet_wait.py
+    (bench/bench_engine_wait.py), a core the learner needs. Now it waits asleep."""
+    procs = engine_processes(rollout)
+    [core] = [pid for name, pid in procs.items() if "EngineCor" in name]
+    worker = procs["VLLM::Worker"]
+    spent = lambda pid: sum(thread_ticks(pid).values())  # noqa: E731
+    before = {pid: spent(pid) for pid in (core, worker)}
+    one(rollout, SamplingParams(max_tokens=64, ignore_eos=True, seed=4), prompt)
+    core_ticks, worker_ticks = (spent(pid) - before[pid] for pid in (core, worker))
+    assert worker_ticks >= 20, f"the worker computed {worker_ticks} ticks: too little to compare against"
+    assert core_ticks < 0.25 * worker_ticks, (
+        f"the engine core used {core_ticks} CPU ticks while its worker used {worker_ticks}: it spins while it waits")
+
+
 def test_top_k_1_gives_identical_samples(rollout, prompt, greedy):
     [group] = rollout.generate([prompt], SamplingParams(n=4, top_k=1, max_tokens=24, ignore_eos=True))
     assert all(c.token_ids == greedy.token_ids for c in group), "top_k=1 must reduce sampling to greedy"

