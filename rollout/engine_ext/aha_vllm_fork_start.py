@@ -17,7 +17,7 @@ any core: a token took 1.19x as long as spawned on the idle box (bench/bench_eng
 spun on the cores the other processes needed. `_bind_worker` applies the same settings in the forked worker before it starts.
 
 The engine core it forks also runs marked batches whole (aha_vllm_whole_batches.py: what makes an eval reproduce),
-and the engine core and worker wait for each other's messages asleep (aha_vllm_quiet_wait.py: no core lost to a spin).
+and the engine core waits for its worker asleep (aha_vllm_quiet_wait.py: no core lost to a spin).
 
 Runs in the engine's env (Python 3.11, torch): standard library and vLLM only. Pinned to the vLLM version it was
 read from; any other version raises at import, so the engine fails to start with that line.
@@ -77,7 +77,7 @@ def main() -> None:
     import aha_vllm_whole_batches
 
     aha_vllm_whole_batches.install()  # the forked engine core inherits it (see that module)
-    aha_vllm_quiet_wait.install()  # the forked engine core and worker sleep while they wait for each other
+    aha_vllm_quiet_wait.install()  # the forked engine core sleeps while its worker computes
     cpu.CpuPlatform.check_and_update_config = classmethod(_fork_after_config)
     multiproc_executor.WorkerProc.worker_main = staticmethod(_bind_worker)
     sys.argv[0] = SERVER_MODULE
