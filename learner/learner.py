@@ -19,6 +19,7 @@ The adapter leaves as PEFT tensors (`lora_tensors`) or a PEFT folder (`export_lo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -333,8 +334,9 @@ class Learner:
         """Checkpoint LoRA params, optimizer state, `step`, RNG and `extra` (JSON-able, e.g. the data stream)."""
         if self._checkpointer is None:
             raise ValueError("Learner.save needs a checkpoint_dir: pass checkpoint_dir= to Learner(...)")
+        # The shape floor too: a resumed step then pads (and rounds) as the uninterrupted run's step would.
         meta = {"step": step, "rng": self._rng.bit_generator.state, "extra": extra or {},
-                "lora": self.cfg.lora.model_dump(mode="json")}
+                "lora": self.cfg.lora.model_dump(mode="json"), "shape_floor": dataclasses.asdict(self._floor)}
         self._checkpointer.save(step, self.params, self.opt_state, meta)
 
     def restore(self) -> tuple[int, dict]:
@@ -347,6 +349,7 @@ class Learner:
                                                              lora_cfg)
         self.params, self.opt_state = params, opt_state
         self._rng.bit_generator.state = meta["rng"]
+        self._floor = ShapeFloor(**meta.get("shape_floor", {}))  # checkpoints from before it: none
         log.info("restored checkpoint step %d from %s", step, self._checkpointer.directory)
         return int(meta["step"]), meta["extra"]
 

@@ -55,3 +55,23 @@ def test_a_shorter_step_runs_the_compiled_shapes_with_the_same_update(tiny_model
     for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(own.params)):
         # Adam moves each element by ~lr x sign(grad): compare at the scale of one step (lr 1e-3).
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_a_resumed_learner_pads_as_the_uninterrupted_one(tiny_model_dir, tmp_path):
+    """The floor is checkpointed: after a resume, the next step runs the shapes (and so the rounding) the
+    uninterrupted run's next step runs, not the smaller ones a fresh floor would give."""
+    rng = np.random.default_rng(1)
+    long, short = batch(rng, 12, 20), batch(rng, 5, 3)
+    cfg = lambda: LearnerConfig.model_validate({  # noqa: E731
+        "devices": {"offset": 0, "count": 1}, "seq_bucket": 8, "optimizer": {"lr": 1e-3},
+        "grpo": {"micro_batch_size": 2 * G}})
+    first = Learner(cfg(), tiny_model_dir, checkpoint_dir=tmp_path)
+    first.step(long)
+    first.save(1)
+    resumed = Learner(cfg(), tiny_model_dir, checkpoint_dir=tmp_path)
+    assert resumed.restore()[0] == 1
+    assert resumed._floor == first._floor, f"restored floor {resumed._floor}, saved {first._floor}"
+    went_on, after_resume = first.step(short), resumed.step(short)
+    assert after_resume["learner/loss"] == went_on["learner/loss"], "the resumed step does not equal the uninterrupted"
+    first.close()
+    resumed.close()
