@@ -18,6 +18,7 @@ import argparse
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
@@ -74,8 +75,6 @@ def measure(cfg: VllmConfig, model: Path, spin: bool) -> tuple[float, dict[str, 
         procs = tree(backend.pid())
         before = {p: cpu_seconds(p) for p in procs}
         t0 = time.perf_counter()
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             replies = list(pool.map(lambda i: requests.post(f"{url}/v1/completions", json=body(PROMPTS[i], i),
                                                             timeout=600).json(), range(len(PROMPTS))))
