@@ -91,8 +91,8 @@ def bucket_length(n: int, bucket: int) -> int:
 class ShapeFloor:
     """The largest padded shapes a GRPO step has run; later steps pad up to them rather than run smaller ones.
 
-    Each new (length, window, prompt block) is a new program to compile (20-40 s for SmolLM2 on CPU, minutes for
-    a large model on TPU), and sampled lengths vary from step to step: padding a step to the largest shapes seen
+    Each new (length, window, prompt block) is a new program to compile (38-48 s a step for SmolLM2 on CPU in the
+    demo, docs/demo.md), and sampled lengths vary from step to step: padding a step to the largest shapes seen
     costs a few masked positions, and a run compiles only when a batch outgrows them (learner.pad_to_largest)."""
 
     length: int = 0

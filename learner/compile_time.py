@@ -12,7 +12,7 @@ import threading
 
 from jax import monitoring
 
-# jax/_src/dispatch.py's event names (stable since JAX 0.4.x): the three stages from a Python function to a program.
+# jax/_src/dispatch.py's event names (JAX 0.12): the three stages from a Python function to a program.
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
 

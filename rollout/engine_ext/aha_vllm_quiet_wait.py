@@ -4,15 +4,15 @@ vLLM passes the scheduler's output to its worker, and the worker's result back, 
 (`vllm/distributed/device_communicators/shm_broadcast.py`). A reader that read within the last `busy_loop_s` (1 s)
 does not sleep on the writer's notification: it polls the buffer in a loop with `sched_yield`. On a GPU the worker's
 step takes milliseconds and the spin saves a wake-up; on CPU the worker's forward is nearly the whole step, so the
-engine core spins through all of it: `top` showed it at 63% of a core while the worker computed, a core the
-learner (async) and the driver needed.
+engine core spins through all of it (94% of a core during the demo's batch, below), a core the learner (async)
+and the driver needed.
 
 With `busy_loop_s` 0 the engine core's reads sleep in `zmq.Poller.poll` until the worker's notification (sent after
 every write), waking at least every TICK_MS to re-check (a notification can be missed: see `_wait_in_ticks`). The
 worker keeps vLLM's spin: it waits only while the engine core schedules the next step (milliseconds), and asleep it
 would pay a wake-up on every step, late whenever the learner holds the cores.
 `bench/bench_engine_wait.py` (SmolLM2, the demo's batch, idle box): the engine core used 96% of a core during the
-batch with vLLM's spin and 1% without, the batch's wall 1.04x (6.54 s against 6.27), the same texts.
+batch with vLLM's spin and 4% without (b5d60ef), the batch's wall x1.000, the same texts.
 
 Installed by aha_vllm_fork_start.py in the API server, before it forks the engine core and the worker, which inherit
 the patched class (rollout/engine_ext/README.md).
