@@ -118,6 +118,9 @@ class RolloutClient:
         finally:
             watch.cancel()
             task.cancel()  # an outer cancellation (an interrupted caller) ends both; a no-op on a finished task
+            # Both ended before the caller closes the connections they use: a request task still running would
+            # post on a closed client, an error no one awaits (asyncio prints its traceback at shutdown).
+            await asyncio.gather(task, watch, return_exceptions=True)
 
     async def _silence(self) -> None:
         """Poll GET /health every silent_timeout_s / 4 (each poll waiting as long); raise `ServerSilent` once

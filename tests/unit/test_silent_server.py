@@ -44,3 +44,31 @@ def test_requests_to_a_silent_server_end_at_the_silent_deadline_not_at_the_read_
     with pytest.raises(ServerSilent, match=r"answered no health check .*rollout.client.silent_timeout_s = 0.8"):
         asyncio.run(go())
     assert sent == [1], "the request never went out: the deadline was not tested with a request in flight"
+
+
+def test_a_cancelled_generate_ends_its_requests_before_it_closes_their_connections(silent_listener):
+    """Cancelled (eval or the loop stopped by a signal), `generate` returns only after every request task ended.
+
+    Fails before _unless_silent awaited the work it cancelled: generate closed its HTTP client while request tasks
+    still ran, and one that got the concurrency gate next posted on the closed client; `aha eval` stopped by SIGTERM
+    printed that task's traceback ("Cannot send a request, as the client has been closed") in CI.
+    """
+    cfg = ClientConfig(silent_timeout_s=60, max_concurrency=1)
+    client = RolloutClient(silent_listener, cfg, VllmBackend(VllmConfig(), "unused"))
+    unhandled = []
+
+    async def go():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context))
+        sent = asyncio.Event()
+        work = asyncio.create_task(client.generate([[1, 2, 3]] * 4, SamplingParams(n=2, max_tokens=4),
+                                                   on_sent=sent.set))
+        await asyncio.wait_for(sent.wait(), GUARD_S)
+        await asyncio.sleep(0.05)  # the first request in flight, the other three waiting at the gate
+        work.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await work
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    left = asyncio.run(go())
+    assert left == [], f"generate returned with request tasks still running: {left}"
+    assert unhandled == []
