@@ -160,7 +160,8 @@ class LearnerConfig(Strict):
     pad_to_largest: bool = True
     """Pad each GRPO step to the largest shapes (length, completion window, shared-prompt block) an earlier step
     of this learner ran, never to smaller ones: a run compiles its step only when a batch outgrows them, not each
-    time sampled lengths move between buckets (learner/batch.py ShapeFloor). Off = each step's own buckets."""
+    time sampled lengths move between buckets (learner/batch.py ShapeFloor). The token losses of the training
+    service (a client's forward_backward) keep a floor of their own. Off = each batch's own buckets."""
     logprob_chunk: int = Field(128, ge=0)
     """Most completion positions per chunk of the LM head + sampling transform + log-softmax: each chunk holds at
     most micro_batch_size x logprob_chunk x vocab fp32 logits; the window is split into even chunks (192 positions

@@ -71,6 +71,7 @@ class Learner:
             POLICY: Adapter(cfg.lora, parts, params, init_opt_state(tx, params, self.mesh), tx, per_step_adam=False)}
         self._layout: Layout | None = None  # this step's prompt-sharing block sizes (None: plain rows)
         self._floor = ShapeFloor()  # the largest GRPO step shapes so far (learner.pad_to_largest)
+        self._token_floor = ShapeFloor()  # the same for the token losses (the Tinker API's forward_backward)
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
@@ -115,7 +116,8 @@ class Learner:
             if not isinstance(batch, TokenBatch):
                 raise ValueError(f"loss {loss!r} reads a TokenBatch (per-token inputs), not a {type(batch).__name__}")
             out, self._layout = token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config,
-                                                       forward_only, self._batch_sharding, self._share_layout)
+                                                       forward_only, self._batch_sharding, self._share_layout,
+                                                       self._token_floor)
             return out
         if adapter != POLICY or not isinstance(batch, TrainBatch) or forward_only:
             raise ValueError("loss 'grpo' trains the policy adapter on a TrainBatch of groups (with a gradient)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from learner.batch import bucket_length
+from learner.batch import ShapeFloor, bucket_length
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,16 @@ def gate_starts(batch: TokenBatch, gate: str | None) -> list[int]:
     return starts
 
 
-def pack_tokens(batch: TokenBatch, names: tuple[str, ...], gate: str | None, bucket: int, rows: int) -> PackedTokens:
-    """Right-pad every datum to one bucketed length; the loss inputs `names` as [rows, L] (absent ones: 0)."""
+def pack_tokens(batch: TokenBatch, names: tuple[str, ...], gate: str | None, bucket: int, rows: int,
+                floor: ShapeFloor | None = None) -> PackedTokens:
+    """Right-pad every datum to one bucketed length (at least `floor.length`; the window and the prefix window at
+    least `floor`'s: a client's batches then run the shapes already compiled); the loss inputs `names` as [rows, L]
+    (absent ones: 0)."""
+    floor = floor or ShapeFloor()
     n = len(batch)
     if rows < n:
         raise ValueError(f"pack_tokens: rows={rows} < batch size {n}")
-    length = bucket_length(max(len(x) for x in batch.tokens) + 1, bucket)
+    length = max(bucket_length(max(len(x) for x in batch.tokens) + 1, bucket), floor.length)
     starts = gate_starts(batch, gate) + [0] * (rows - n)
     sizes = [len(x) for x in batch.tokens] + [0] * (rows - n)
     tokens = np.zeros((rows, length), np.int32)
@@ -101,12 +105,13 @@ def pack_tokens(batch: TokenBatch, names: tuple[str, ...], gate: str | None, buc
     first = np.asarray(starts)[:, None]
     active = valid & (pos >= first)
     prefix = valid & (pos < first)
-    width = min(bucket_length(max(size - start for size, start in zip(sizes, starts)), bucket), length)
+    width = min(max(bucket_length(max(size - start for size, start in zip(sizes, starts)), bucket), floor.window),
+                length)
     window = np.minimum(first + np.arange(width)[None], length - 1).astype(np.int32)
     longest = max(starts)
     prefix_window = None
-    if longest > 0:
-        span = min(bucket_length(longest, bucket), length)
+    if longest > 0:  # none at all is another program (no prefix pass), not a shape to pad
+        span = min(max(bucket_length(longest, bucket), floor.prefix), length)
         prefix_window = np.broadcast_to(np.arange(span, dtype=np.int32), (rows, span)).copy()
     return PackedTokens(tokens, targets, valid, valid.astype(np.float32), window, active.astype(np.float32),
                         prefix_window, prefix.astype(np.float32), fields, [len(x) for x in batch.tokens], shareable)

@@ -21,6 +21,7 @@ import numpy as np
 
 from learner import train_step as ts
 from learner.adapters import Adapter, OpenUpdate
+from learner.batch import ShapeFloor
 from learner.compile_time import compile_seconds
 from learner.config import LearnerConfig
 from learner.distributed import put_global, to_host
@@ -31,11 +32,14 @@ from learner.token_losses import GATE, TOKEN_LOSSES, loss_config
 
 def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, loss: str,
                            config: dict[str, float] | None, forward_only: bool, sharding: Any,
-                           share: Callable[[Any, int], Layout | None]) -> tuple[dict[str, Any], Layout | None]:
+                           share: Callable[[Any, int, ShapeFloor | None], Layout | None],
+                           floor: ShapeFloor) -> tuple[dict[str, Any], Layout | None]:
     """({"loss": the summed loss, "logprobs": per datum its [N] target logprobs under the raw model, before the
     update}, the prompt-sharing layout used or None); without `forward_only`, the loss's gradient is added to
     `a.grads` for the next optim_step. `sharding`: the learner's batch sharding (rows over its data-parallel axis);
-    `share(packed, micro)`: the learner's prompt-sharing layout for these rows, or None."""
+    `share(packed, micro, floor)`: the learner's prompt-sharing layout for these rows, or None; `floor`: the
+    largest token-loss shapes run so far, padded up to and raised (with cfg.pad_to_largest: a client's RL loop
+    sends other lengths every step, each a compile otherwise)."""
     t0, compiled_before = time.perf_counter(), compile_seconds()
     settings = loss_config(loss, config)
     names = TOKEN_LOSSES[loss]
@@ -46,8 +50,10 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     dp = sharding.mesh.shape["fsdp"]
     micro = math.ceil(min(cfg.grpo.micro_batch_size, len(batch)) / dp) * dp
     rows = math.ceil(len(batch) / micro) * micro
-    packed = pack_tokens(batch, names, GATE[loss], cfg.seq_bucket, rows)
-    lay = share(packed, micro) if packed.shareable and cfg.logprob_chunk > 0 else None
+    pad = floor if cfg.pad_to_largest else None
+    packed = pack_tokens(batch, names, GATE[loss], cfg.seq_bucket, rows, pad)
+    lay = share(packed, micro, pad) if packed.shareable and cfg.logprob_chunk > 0 else None
+    floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0)
     key = ("token", loss, settings, forward_only)
     if key not in a.fns:
         a.fns[key] = ts.make_token_fn(a.parts, loss, settings, cfg.logprob_chunk, forward_only)

@@ -75,3 +75,31 @@ def test_a_resumed_learner_pads_as_the_uninterrupted_one(tiny_model_dir, tmp_pat
     assert after_resume["learner/loss"] == went_on["learner/loss"], "the resumed step does not equal the uninterrupted"
     first.close()
     resumed.close()
+
+
+@pytest.mark.parametrize("loss", ["importance_sampling", "cross_entropy"])
+def test_a_clients_shorter_batch_runs_the_compiled_token_shapes_with_the_same_result(loss, tiny_model_dir):
+    """The training service's token losses keep their own floor: a client's RL loop sends other prompt and
+    completion lengths every step, and each new bucket compiled the forward_backward anew (the Tinker RL test's
+    six steps took 255 s on this box, 42 s a step). The shorter batch's loss, logprobs and update are its own."""
+    from test_shared_prompts import token_datums
+
+    long, short = token_datums([14, 9], 4, 12, loss, seed=3), token_datums([5, 3], 4, 3, loss, seed=4)
+    padded, own = learner(tiny_model_dir, True), learner(tiny_model_dir, False)
+    for each in (padded, own):
+        each.forward_backward(long, loss)
+        assert each.optim_step()["learner/compile_s"] > 0, "the first batch compiles: compile_s must show it"
+    # One learner's forward_backward and optim_step at a time: compile_s counts the process's compiles in between.
+    again, again_metrics = padded.forward_backward(short, loss), padded.optim_step()
+    fresh, fresh_metrics = own.forward_backward(short, loss), own.optim_step()
+
+    assert fresh_metrics["learner/compile_s"] > 0, "without the floor, the shorter batch's shapes compile anew"
+    assert again_metrics["learner/compile_s"] == 0, (
+        f"pad_to_largest: the shorter token batch compiled ({again_metrics['learner/compile_s']:.2f} s) instead of "
+        "running the first batch's shapes")
+    np.testing.assert_allclose(again["loss"], fresh["loss"], rtol=1e-5, atol=1e-6)
+    assert [len(x) for x in again["logprobs"]] == [len(x) for x in short.tokens], "a logprob per input position"
+    for a, b in zip(again["logprobs"], fresh["logprobs"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(own.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
