@@ -331,8 +331,8 @@ def test_tinker_service_with_its_parts_on_other_nodes(cluster):
         assert where["engines"][0].removeprefix("http://").rsplit(":", 1)[0] in (cluster.ips["c"], cluster.ips["d"])
         assert httpx.get(f"{url}/api/v1/get_server_capabilities", timeout=5).status_code == 401
 
-        training = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
-            base_model="tiny-llama", rank=8, seed=0).result()
+        service = tinker.ServiceClient(base_url=url, api_key=key)
+        training = service.create_lora_training_client(base_model="tiny-llama", rank=8, seed=0).result()
         tokens = list(range(40, 60))
         datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                             loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
@@ -347,6 +347,7 @@ def test_tinker_service_with_its_parts_on_other_nodes(cluster):
         path = training.save_state("one").result().path
         model_id = path.removeprefix("tinker://").split("/")[0]
         assert "one" in uri.list_names(uri.join(run, "tinker", model_id, "weights")), "the state is not on the bucket"
+        service.close("success").result(timeout=30)  # its session's heartbeat thread ends with it
     finally:
         stopped = cluster.stop_job(found.group(0))
         assert stopped.returncode == 0, stopped.stderr[-2000:]

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,11 +26,15 @@ class Server:
     base_url: str
     api_key: str
     log: Path
+    clients: list = field(default_factory=list)
 
     def client(self, **kwargs):
+        """An SDK ServiceClient, closed (its session finished) when the server is stopped: a session left open
+        keeps its heartbeat thread in the test process, which logged "Tinker is down" for the rest of the lane."""
         import tinker
 
-        return tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key, **kwargs)
+        self.clients.append(tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key, **kwargs))
+        return self.clients[-1]
 
     def rest(self):
         import tinker
@@ -66,7 +70,11 @@ def start(run_dir: Path, *overrides: str, api_key: str | None = None) -> Server:
 
 
 def stop(server: Server, sig: int = signal.SIGTERM, timeout_s: float = 120) -> None:
-    """End the server with `sig`; its whole process group goes with it (SIGKILL after `timeout_s`)."""
+    """Close its clients, then end the server with `sig`; its whole process group goes with it (SIGKILL after
+    `timeout_s`)."""
+    for client in server.clients:
+        with contextlib.suppress(Exception):  # a server already stopped by the test: the session ends with it
+            client.close("success").result(timeout=10)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.proc.pid, sig)
     try:
