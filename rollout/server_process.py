@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,6 +101,10 @@ class ServerProcess:
     """Timeout of control-plane calls (adapter load/unload)."""
     missing_ids_hint = ""
     """Added to the error for a response choice without token ids and logprobs (a likely cause)."""
+    sockets_env: str | None = None
+    """The engine's variable for the folder of its inter-process sockets (None: it keeps none in files). Each start
+    gets a folder of its own, removed at stop(): an engine whose processes are killed leaves its sockets behind
+    (vLLM: one file per socket, named by a uuid, in /tmp by default)."""
 
     def __init__(self, cfg: Any, model_path: Path, workdir: Path | None = None):
         self.cfg = cfg
@@ -111,6 +116,7 @@ class ServerProcess:
         loopback for a wildcard or unset bind."""
         self._proc: subprocess.Popen | None = None
         self._log_path: Path | None = None
+        self._sockets: Path | None = None
 
     def command(self, port: int) -> list[str]:
         raise NotImplementedError
@@ -129,6 +135,8 @@ class ServerProcess:
             **self.cfg.affinity_env(),  # the entry program pins itself to rollout.backend.cpu_cores
         })
         self.engine_env(env)
+        if self.sockets_env and self._sockets is not None:
+            env[self.sockets_env] = str(self._sockets)
         env.update(self.cfg.env)
         return env
 
@@ -143,6 +151,10 @@ class ServerProcess:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = self.cfg.port or free_port(self.bind_host)
+        if self._sockets is not None:  # a server that died without stop(): its sockets go now
+            shutil.rmtree(self._sockets, ignore_errors=True)
+        if self.sockets_env:  # under /tmp, not the workdir: a socket's path must fit 107 bytes
+            self._sockets = Path(tempfile.mkdtemp(prefix="aha-sockets-"))
         self._log_path = self.workdir / f"server-{port}-{int(time.time())}.log"
         log.info("starting %s on %s:%d (log %s)", self.engine_name, self.bind_host, port, self._log_path)
         with open(self._log_path, "ab") as out:
@@ -203,6 +215,9 @@ class ServerProcess:
                 proc.wait(timeout=wait_s)
             if not group_alive(proc.pid):
                 break
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
         log.info("%s server %d stopped", self.engine_name, proc.pid)
 
     def _log_lines(self, n: int) -> list[str]:
