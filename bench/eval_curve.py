@@ -2,7 +2,7 @@
 policy of bench/heuristic_policies.py scores on the same held-out puzzles (the first `eval.prompts` of the eval
 split, as the in-loop eval draws them). Prints a Markdown table and draws a PNG.
 
-    .venv/bin/python bench/eval_curve.py RUN_DIR --png docs/demo_long.png
+    .venv/bin/python bench/eval_curve.py RUN_DIR --png docs/demo_long.png --title "the demo, 120 steps"
 
 The in-loop intervals are Wilson's over the samples (eval.prompts x eval.k), narrower than the interval over
 puzzles that `aha eval` bootstraps; the policies' intervals are over the puzzles (a policy answers each one way).
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--png", type=Path, default=None, help="draw the curve here")
+    p.add_argument("--title", default=None, help="the plot's title (default: the run folder's name)")
     args = p.parse_args(argv)
     rows = eval_rows(args.run_dir)
     if not rows:
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, iv in policies.items():
         print(f"| {name} | {iv.value:.3f} [{iv.low:.3f}, {iv.high:.3f}] |")
     if args.png:
-        draw(rows, policies, args.png, f"{args.run_dir.name}: held-out accuracy, {cfg.eval.prompts} puzzles x "
-                                       f"{cfg.eval.k}")
+        draw(rows, policies, args.png, f"{args.title or args.run_dir.name}: held-out accuracy, {cfg.eval.prompts} "
+                                       f"puzzles x {cfg.eval.k}")
         print(f"\nwrote {args.png}")
     print(json.dumps({"steps": [r["step"] for r in rows], "accuracy": [r["eval/accuracy"] for r in rows]}))
 
