@@ -31,7 +31,7 @@ def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, killed and not yet reaped by its parent, does not)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before or while read (ESRCH on read)
         return False
     return "\nState:\tZ" not in status
 
