@@ -79,7 +79,8 @@ def expected_prompt_texts(run_dir: Path, steps: int, draws: int = 1) -> list[str
 # Each run of the chain below is interrupted (or its learner killed) at one named phase by the test-only hook
 # (orchestration/faults.py), with SIGINT and SIGTERM inherited as *ignored*, as a background job of a script or
 # nohup starts it: the run's own handlers must honour them. Engine kills ride along in runs that go on.
-# (fault spec, the step the checkpoint must hold afterwards); save_every=2 puts a save phase at step 2.
+# (fault spec, the step the checkpoint must hold afterwards); save_every=1 saves each step (a run whose learner died
+# cannot save on its way out: it resumes from the last regular save) and puts a save phase at step 2.
 # Stops in generate and learn (nothing half done: the step is drawn or updated again) are signalled from outside in
 # test_signals_outside.py; the chain keeps the stops a resume must finish or continue: a learner that died, a save
 # and a push (the adapter numbering continues). Each run of it starts a Ray cluster, an engine and a learner.
@@ -92,7 +93,7 @@ CHAIN = [
 STEPS = 6
 # One request in flight at a time: the engine batches a request's n samples alone, so a redrawn step sees the
 # same batch shapes (and so the same float rounding) as the first drawing did.
-EXACT = [*TINY, f"train.steps={STEPS}", "train.save_every=2", "train.seed=7", "rollout.client.max_concurrency=1"]
+EXACT = [*TINY, f"train.steps={STEPS}", "train.save_every=1", "train.seed=7", "rollout.client.max_concurrency=1"]
 
 
 def ignore_interrupts() -> None:
