@@ -101,13 +101,11 @@ class ShapeFloor:
     prompt_len: int = 0
     prefix: int = 0  # a token loss's detached-prefix window (learner/token_batch.py; GRPO has none)
 
-    def raise_to(self, packed: "PackedBatch", prompts: int = 0, prompt_len: int = 0) -> None:
+    def raise_to(self, packed: "PackedBatch", prompts: int = 0, prompt_len: int = 0, prefix: int = 0) -> None:
         self.length = max(self.length, packed.tokens.shape[1])
         self.window = max(self.window, packed.window.shape[1])
         self.prompts, self.prompt_len = max(self.prompts, prompts), max(self.prompt_len, prompt_len)
-        prefix_window = getattr(packed, "prefix_window", None)
-        if prefix_window is not None:
-            self.prefix = max(self.prefix, prefix_window.shape[1])
+        self.prefix = max(self.prefix, prefix)
 
 
 def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | None = None,

@@ -53,7 +53,8 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     pad = floor if cfg.pad_to_largest else None
     packed = pack_tokens(batch, names, GATE[loss], cfg.seq_bucket, rows, pad)
     lay = share(packed, micro, pad) if packed.shareable and cfg.logprob_chunk > 0 else None
-    floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0)
+    floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0,
+                   0 if packed.prefix_window is None else packed.prefix_window.shape[1])
     key = ("token", loss, settings, forward_only)
     if key not in a.fns:
         a.fns[key] = ts.make_token_fn(a.parts, loss, settings, cfg.logprob_chunk, forward_only)
