@@ -135,7 +135,7 @@ class ServerProcess:
             **self.cfg.affinity_env(),  # the entry program pins itself to rollout.backend.cpu_cores
         })
         self.engine_env(env)
-        if self.sockets_env and self._sockets is not None:
+        if self._sockets is not None:  # set only for an engine with a sockets_env
             env[self.sockets_env] = str(self._sockets)
         env.update(self.cfg.env)
         return env
@@ -151,8 +151,7 @@ class ServerProcess:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = self.cfg.port or free_port(self.bind_host)
-        if self._sockets is not None:  # a server that died without stop(): its sockets go now
-            shutil.rmtree(self._sockets, ignore_errors=True)
+        self._drop_sockets()  # a server that died without stop(): its sockets go now
         if self.sockets_env:  # under /tmp, not the workdir: a socket's path must fit 107 bytes
             self._sockets = Path(tempfile.mkdtemp(prefix="aha-sockets-"))
         self._log_path = self.workdir / f"server-{port}-{int(time.time())}.log"
@@ -215,10 +214,13 @@ class ServerProcess:
                 proc.wait(timeout=wait_s)
             if not group_alive(proc.pid):
                 break
+        self._drop_sockets()
+        log.info("%s server %d stopped", self.engine_name, proc.pid)
+
+    def _drop_sockets(self) -> None:
         if self._sockets is not None:
             shutil.rmtree(self._sockets, ignore_errors=True)
             self._sockets = None
-        log.info("%s server %d stopped", self.engine_name, proc.pid)
 
     def _log_lines(self, n: int) -> list[str]:
         """The last n lines of the server log ([] before start)."""
