@@ -10,6 +10,7 @@ environment variables, and where their dialect differs.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 import os
 import re
@@ -78,6 +79,13 @@ def error_excerpt(lines: list[str], context: int = 30, tail: int = 8) -> str:
     return "".join([*lines[first:first + context], "[...]\n", *lines[-tail:]])
 
 
+def kept_caches() -> dict[str, str]:
+    """Caches an engine keeps under TMPDIR by default and should find again at its next start, where they are now:
+    torch's compile cache (`torchinductor_<user>`, as torch names it), for an engine whose TMPDIR is per start."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")}
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any process of the group still exists."""
     try:
@@ -101,10 +109,12 @@ class ServerProcess:
     """Timeout of control-plane calls (adapter load/unload)."""
     missing_ids_hint = ""
     """Added to the error for a response choice without token ids and logprobs (a likely cause)."""
-    sockets_env: str | None = None
-    """The engine's variable for the folder of its inter-process sockets (None: it keeps none in files). Each start
-    gets a folder of its own, removed at stop(): an engine whose processes are killed leaves its sockets behind
-    (vLLM: one file per socket, named by a uuid, in /tmp by default)."""
+    scratch_env: tuple[str, ...] = ()
+    """The engine's variables for the folders of its per-start files (inter-process sockets, TMPDIR); empty: it
+    keeps none. Each start gets a folder of its own, every one of these pointing at it, removed at stop(): an engine
+    whose processes are killed leaves them behind (vLLM: a file per socket, named by a uuid, and a
+    `vllm_dist_<uuid>` init file per start, in /tmp by default). Caches meant to outlive a start stay where they were
+    (`kept_caches`)."""
 
     def __init__(self, cfg: Any, model_path: Path, workdir: Path | None = None):
         self.cfg = cfg
@@ -116,7 +126,7 @@ class ServerProcess:
         loopback for a wildcard or unset bind."""
         self._proc: subprocess.Popen | None = None
         self._log_path: Path | None = None
-        self._sockets: Path | None = None
+        self._scratch: Path | None = None
 
     def command(self, port: int) -> list[str]:
         raise NotImplementedError
@@ -135,8 +145,10 @@ class ServerProcess:
             **self.cfg.affinity_env(),  # the entry program pins itself to rollout.backend.cpu_cores
         })
         self.engine_env(env)
-        if self._sockets is not None:  # set only for an engine with a sockets_env
-            env[self.sockets_env] = str(self._sockets)
+        if self._scratch is not None:  # set only for an engine with a scratch_env
+            if "TMPDIR" in self.scratch_env:  # caches that default under TMPDIR stay there, shared by every start
+                env.update({k: v for k, v in kept_caches().items() if k not in env})
+            env.update(dict.fromkeys(self.scratch_env, str(self._scratch)))
         env.update(self.cfg.env)
         return env
 
@@ -151,9 +163,9 @@ class ServerProcess:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = self.cfg.port or free_port(self.bind_host)
-        self._drop_sockets()  # a server that died without stop(): its sockets go now
-        if self.sockets_env:  # under /tmp, not the workdir: a socket's path must fit 107 bytes
-            self._sockets = Path(tempfile.mkdtemp(prefix="aha-sockets-"))
+        self._drop_scratch()  # a server that died without stop(): its files go now
+        if self.scratch_env:  # under /tmp, not the workdir: a socket's path must fit 107 bytes
+            self._scratch = Path(tempfile.mkdtemp(prefix="aha-scratch-"))
         self._log_path = self.workdir / f"server-{port}-{int(time.time())}.log"
         log.info("starting %s on %s:%d (log %s)", self.engine_name, self.bind_host, port, self._log_path)
         with open(self._log_path, "ab") as out:
@@ -214,13 +226,13 @@ class ServerProcess:
                 proc.wait(timeout=wait_s)
             if not group_alive(proc.pid):
                 break
-        self._drop_sockets()
+        self._drop_scratch()
         log.info("%s server %d stopped", self.engine_name, proc.pid)
 
-    def _drop_sockets(self) -> None:
-        if self._sockets is not None:
-            shutil.rmtree(self._sockets, ignore_errors=True)
-            self._sockets = None
+    def _drop_scratch(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def _log_lines(self, n: int) -> list[str]:
         """The last n lines of the server log ([] before start)."""

@@ -26,7 +26,7 @@ class SglangJaxBackend(ServerProcess):
     """Launch, watch and stop one wrapped SGLang-JAX server; speak its completions dialect."""
 
     engine_name = "SGLang-JAX"
-    sockets_env = "TMPDIR"  # its ZMQ IPC sockets are tempfile names (sgl_jax ServerArgs), never removed
+    scratch_env = ("TMPDIR",)  # its ZMQ IPC sockets are tempfile names (sgl_jax ServerArgs), never removed
     setup_hint = "run `bash scripts/setup_sglang_env.sh` or set rollout.backend.python"
     control_timeout_s = 300.0  # a merge of every weight takes seconds on CPU
     cfg: SglangJaxConfig

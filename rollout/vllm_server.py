@@ -48,7 +48,9 @@ class VllmBackend(ServerProcess):
     engine_name = "vLLM"
     setup_hint = "set rollout.backend.python or $AHA_VLLM_PYTHON, or run `bash scripts/setup_envs.sh`"
     missing_ids_hint = "; the server may be too old for return_token_ids (need vLLM >= 0.10.2)"
-    sockets_env = "VLLM_RPC_BASE_PATH"  # its ZMQ IPC sockets (API server <-> engine core <-> workers)
+    # Its ZMQ IPC sockets (API server <-> engine core <-> workers), and through TMPDIR its `vllm_dist_<uuid>`
+    # init file (vllm.utils.network_utils): one of each left per killed engine otherwise.
+    scratch_env = ("VLLM_RPC_BASE_PATH", "TMPDIR")
     cfg: VllmConfig
 
     # ---- control plane -------------------------------------------------------------------------------------

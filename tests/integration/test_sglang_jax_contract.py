@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -197,19 +198,30 @@ def socket_files(pgid: int) -> set[str]:
     return {row[7] for row in rows if len(row) > 7 and row[6] in inodes and row[7].startswith("/")}
 
 
+def server_environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
 def test_stop_is_idempotent_and_restart_serves_again(server):
     """A server whose processes were killed (SIGKILL to its group, as the OOM killer or a lost node's cleanup
-    does), then stopped twice: no socket file of it is left. vLLM's IPC sockets (uuid-named, in /tmp by default)
-    stayed after every killed engine, thousands on a box that ran the suite for a day."""
+    does), then stopped twice: no socket file of it is left, nor its temporary folder. vLLM's IPC sockets (uuid-named,
+    in /tmp by default) stayed after every killed engine, thousands on a box that ran the suite for a day, and so
+    did its `vllm_dist_<uuid>` init files (the TMPDIR part fails before they moved to the start's folder)."""
     backend, _ = server
     pid = backend.pid()
     files = socket_files(pid)
     assert files or backend.engine_name != "vLLM", "vacuous: the vLLM server's processes hold no socket file"
+    scratch = Path(server_environ(pid)["TMPDIR"])  # the start's own temporary folder, not the machine's
+    assert scratch != Path(tempfile.gettempdir()) and scratch.is_dir(), scratch
+    if backend.engine_name == "vLLM":  # its process-group init file, one per start: in /tmp before (946 after a day)
+        assert list(scratch.glob("vllm_dist_*")), f"vLLM made no vllm_dist_ file in its TMPDIR {scratch}"
     os.killpg(pid, signal.SIGKILL)
     backend.stop()
     backend.stop()
     assert not backend.is_alive() and backend.pid() is None
     assert not [f for f in files if os.path.exists(f)], f"the killed server left its sockets: {sorted(files)}"
+    assert not scratch.exists(), f"the killed server left its temporary files: {sorted(scratch.iterdir())}"
     url = backend.start()
     assert backend.pid() != pid and backend.is_alive()
     server_again = (backend, RolloutClient(url, ClientConfig(max_retries=0), backend))
