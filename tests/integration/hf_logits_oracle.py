@@ -2,8 +2,10 @@
 
 Runs in the engine env (torch, transformers, peft), as a script, never imported by the learner:
     python tests/integration/hf_logits_oracle.py MODEL_DIR_OR_GGUF IN.npz OUT.npz [--adapter DIR] [--merged DIR]
+        [--second MODEL_DIR_OR_GGUF]
 IN.npz holds `tokens` [B, L] (int); OUT.npz gets `base` (the model alone), and `adapter` (peft with the
-adapter) / `merged` (a merged HF folder) when asked: float32 logits [B, L, V]. Python 3.11, no jax.
+adapter) / `merged` (a merged HF folder) / `second` (another model, e.g. the folder prepared from a GGUF: one process
+instead of two, torch and transformers imported once) when asked: float32 logits [B, L, V]. Python 3.11, no jax.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--adapter")
     parser.add_argument("--merged")
+    parser.add_argument("--second")
     args = parser.parse_args()
     torch.set_num_threads(2)
     tokens = np.load(args.inp)["tokens"]
@@ -52,6 +55,9 @@ def main() -> None:
         out["adapter"] = logits_of(PeftModel.from_pretrained(base, args.adapter).eval(), tokens)
     if args.merged:
         out["merged"] = logits_of(load(args.merged), tokens)
+    if args.second:
+        del base  # one model in memory at a time
+        out["second"] = logits_of(load(args.second), tokens)
     np.savez(args.out, **out)
 
 

@@ -31,9 +31,8 @@ def gemma_dir():
 def test_prepared_weights_match_the_gguf_and_the_learner(gemma_dir, engine_python, tmp_path):
     gguf = next((gemma_dir.parent / f".{gemma_dir.name}-src").glob("*.gguf"))
     tokens = np.random.default_rng(0).integers(3, 262000, (1, 96)).astype(np.int32)
-    from_gguf = reference_logits(engine_python, gguf, tokens, tmp_path)["base"]
-    (tmp_path / "hf").mkdir()
-    from_folder = reference_logits(engine_python, gemma_dir, tokens, tmp_path / "hf")["base"]
+    ref = reference_logits(engine_python, gguf, tokens, tmp_path, second=gemma_dir)  # one engine-env process
+    from_gguf, from_folder = ref["base"], ref["second"]
     conversion = np.abs(from_folder - from_gguf).max()
     assert conversion <= 1e-4, f"prepared folder vs its GGUF: max |logit diff| {conversion:.2e}"
 
