@@ -118,6 +118,11 @@ class GrpoConfig(Strict):
     """Dual-clip PPO (Ye et al. 2020): for A < 0 the per-token loss is capped at -dual_clip * A (c > 1, e.g. 3),
     bounding what one token with a very large ratio can contribute; None = off. Like the ratio clips it only
     acts off-policy (epochs > 1 or several mini-batches)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus: the loss subtracts entropy_coef x the entropy of each completion token's sampling
+    distribution (temperature and truncation applied), aggregated as the policy term is (`loss_agg`), with its
+    gradient. Keeps a policy from collapsing onto one answer before it has learned when that answer is right; 0 =
+    off (the entropy is still logged, detached). Too large and it rewards noise: start near 1e-3."""
     engine_logprobs: Literal["processed", "raw"] = "processed"
     """What the batch's engine logprobs are: 'processed' = after temperature and top-k/top-p/min-p (vLLM
     --logprobs-mode processed_logprobs; the sampling distribution), 'raw' = the untempered model distribution."""

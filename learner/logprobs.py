@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from learner.loss import sampling_entropy
 from learner.sampling import SamplingTransform
 
 _SIGN_OFF = np.int32(0x7FFFFFFF)  # the magnitude bits of a float32
@@ -129,9 +130,10 @@ def engine_logits(logits: jax.Array, s: SamplingTransform, h: History) -> jax.Ar
 
 def transform_logprobs(
     logits: jax.Array, targets: jax.Array, s: SamplingTransform, with_entropy: bool, history: History | None,
-    raw: bool,
+    raw: bool, entropy_grad: bool = False,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
-    """(logp under the transform, its entropy or None, untransformed logp or None) for logits [..., V]."""
+    """(logp under the transform, its entropy or None, untransformed logp or None) for logits [..., V]; the entropy
+    is detached unless `entropy_grad`."""
     f32 = logits.astype(jnp.float32)
     raw_logp = None
     if raw:
@@ -145,11 +147,7 @@ def transform_logprobs(
         scaled = jnp.where(keep, scaled, -jnp.inf)
     lse = jax.nn.logsumexp(scaled, axis=-1)
     logp = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0] - lse
-    entropy = None
-    if with_entropy:
-        log_p = jax.lax.stop_gradient(scaled - lse[..., None])
-        p = jnp.exp(log_p)
-        entropy = -jnp.sum(jnp.where(p > 0, p * log_p, 0.0), axis=-1)
+    entropy = sampling_entropy(scaled, lse, entropy_grad) if with_entropy else None
     return logp, entropy, raw_logp
 
 
@@ -187,13 +185,14 @@ def balanced_chunks(width: int, chunk: int) -> tuple[int, int]:
 
 def window_logprobs(
     hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab: int, mb, s: SamplingTransform, chunk: int,
-    with_entropy: bool, raw: bool, fused_grad: bool = False, at_window: bool = False,
+    with_entropy: bool, raw: bool, fused_grad: bool = False, at_window: bool = False, entropy_grad: bool = False,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb`, at most `chunk` positions
     at a time (`balanced_chunks`); zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V].
     `hidden` is [B, L, D], or with `at_window` already the window's [B, W, D] (`shared_prompts.window_hidden`).
-    With `fused_grad` only logp carries a gradient (entropy is detached either way; raw logp is only ever compared,
-    detached)."""
+    With `fused_grad` logp's gradient with respect to `hidden` is taken in the forward pass, and so is the entropy's
+    with `entropy_grad` (the entropy bonus); otherwise the entropy is detached. Raw logp is only ever compared,
+    detached."""
     tokens, all_targets, valid, loss_mask, window = map(jnp.asarray, (mb.tokens, mb.targets, mb.valid,
                                                                       mb.loss_mask, mb.window))
     b, length = tokens.shape
@@ -211,23 +210,28 @@ def window_logprobs(
     def one(xs):
         h, t, m, j = xs
         hist = _history(s, targets, mask, j, t, m, prompt_seen, vocab) if s.needs_history else None
-        return transform_logprobs(head(h), t, s, with_entropy, hist, raw)
+        return transform_logprobs(head(h), t, s, with_entropy, hist, raw, entropy_grad)
 
     def fused(xs):
         # Exact for the gradient with respect to hidden (and so the decoder's LoRA). The head's own weights are
         # frozen base weights (LoRA targets decoder projections only); were they differentiated, autodiff would
         # still be right but would keep each chunk's logits for their backward pass.
         h = xs[0]
+        n_diff = 2 if entropy_grad else 1  # logp, and the entropy when it has a gradient
 
-        def logp_and_rest(hh):  # logp is differentiated; entropy and raw logp ride along undifferentiated
-            logp, *rest = one((hh, *xs[1:]))
-            return logp, tuple(rest)
+        def differentiated_and_rest(hh):  # the rest (raw logp, a detached entropy) rides along undifferentiated
+            out = one((hh, *xs[1:]))
+            return out[:n_diff], out[n_diff:]
 
-        logp, pull, rest = jax.vjp(logp_and_rest, jax.lax.stop_gradient(h), has_aux=True)
-        jac = jax.lax.stop_gradient(pull(jnp.ones_like(logp))[0]).astype(jnp.float32)  # d logp_i / d h_i
-        # Value: logp exactly (x - x is 0); gradient with respect to h: jac.
-        x = jnp.sum(h.astype(jnp.float32) * jac, axis=-1)
-        return (logp + (x - jax.lax.stop_gradient(x)), *rest)
+        values, pull, rest = jax.vjp(differentiated_and_rest, jax.lax.stop_gradient(h), has_aux=True)
+        with_grad = []
+        for i, v in enumerate(values):  # one pull per value: d value_i / d h_i (a position's own hidden state only)
+            jac = jax.lax.stop_gradient(pull(tuple(jnp.ones_like(w) if j == i else jnp.zeros_like(w)
+                                                   for j, w in enumerate(values)))[0]).astype(jnp.float32)
+            # Value: exactly v (x - x is 0); gradient with respect to h: jac.
+            x = jnp.sum(h.astype(jnp.float32) * jac, axis=-1)
+            with_grad.append(v + (x - jax.lax.stop_gradient(x)))
+        return (*with_grad, *rest)
 
     split = lambda x: x.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
     if at_window:

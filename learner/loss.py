@@ -82,7 +82,7 @@ def _dense_keep_mask(scaled: jax.Array, s: SamplingTransform) -> jax.Array:
 
 
 def dense_sampling_logprobs(
-    logits: jax.Array, targets: jax.Array, s: SamplingTransform, with_entropy: bool = False
+    logits: jax.Array, targets: jax.Array, s: SamplingTransform, with_entropy: bool = False, entropy_grad: bool = False
 ) -> tuple[jax.Array, jax.Array | None]:
     """Log-prob of `targets` under the sampling distribution (tempered, truncated, renormalised); [B, L].
 
@@ -100,13 +100,20 @@ def dense_sampling_logprobs(
     lse = jax.nn.logsumexp(scaled, axis=-1)
     target_logit = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
     logp = target_logit - lse
-    entropy = None
-    if with_entropy:
-        # Reuses lse (a fresh softmax would add two more passes over [B, L, V]); p = 0 where truncated (-inf).
-        log_p = jax.lax.stop_gradient(scaled - lse[..., None])
-        p = jnp.exp(log_p)
-        entropy = -jnp.sum(jnp.where(p > 0, p * log_p, 0.0), axis=-1)
+    # Reuses lse (a fresh softmax would add two more passes over [B, L, V]).
+    entropy = sampling_entropy(scaled, lse, entropy_grad) if with_entropy else None
     return logp, entropy
+
+
+def sampling_entropy(scaled: jax.Array, lse: jax.Array, grad: bool) -> jax.Array:
+    """Entropy of softmax(scaled) [..., V] -> [...], `lse` its log-normaliser; -inf logits (truncated) count 0.
+    Detached unless `grad` (the entropy bonus, `entropy_coef`, differentiates it)."""
+    log_p = scaled - lse[..., None]
+    if not grad:
+        log_p = jax.lax.stop_gradient(log_p)
+    p = jnp.exp(log_p)
+    # The inner where keeps 0 * -inf (a truncated token) out of the gradient as well as the value.
+    return -jnp.sum(p * jnp.where(p > 0, log_p, 0.0), axis=-1)
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
@@ -155,11 +162,13 @@ class LossOptions(NamedTuple):
     kl_estimator: str = "k2"
     is_cap: float | None = 2.0
     dual_clip: float | None = None  # c > 1: for A < 0 the per-token loss is at most -c A (None = off)
+    entropy_coef: float = 0.0  # > 0: the loss subtracts entropy_coef x the sampling distribution's entropy
 
     @classmethod
     def of(cls, grpo) -> LossOptions:
         """The options a `GrpoConfig` (learner/config.py) sets."""
-        return cls(grpo.clip_eps_low, grpo.clip_eps_high, grpo.kl_beta, grpo.kl_estimator, grpo.is_cap, grpo.dual_clip)
+        return cls(grpo.clip_eps_low, grpo.clip_eps_high, grpo.kl_beta, grpo.kl_estimator, grpo.is_cap, grpo.dual_clip,
+                   grpo.entropy_coef)
 
 
 def grpo_token_loss(
@@ -172,6 +181,7 @@ def grpo_token_loss(
     loss_mask: jax.Array,
     opts: LossOptions,
     ref_logp: jax.Array | None = None,
+    entropy: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss for one micro-batch ([B, L] per-token inputs, [B] advantages) and masked metric sums.
 
@@ -201,6 +211,10 @@ def grpo_token_loss(
             raise ValueError("kl_beta > 0 needs reference logprobs")
         kl = kl_penalty(logp, ref_logp, opts.kl_estimator)
         per_token = per_token + opts.kl_beta * kl
+    if opts.entropy_coef > 0.0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the entropy, with its gradient")
+        per_token = per_token - opts.entropy_coef * entropy
     loss = jnp.sum(weights * per_token)
 
     m = loss_mask

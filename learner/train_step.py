@@ -86,7 +86,7 @@ def zero_b(lora: dict) -> dict:
 
 
 def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entropy: bool, raw: bool, chunk: int,
-              fused_grad: bool = False):
+              fused_grad: bool = False, entropy_grad: bool = False):
     """(logp under the transform, entropy or None, raw logp or None), [B, L] each.
 
     chunk > 0: LM head and transform at completion positions only, `chunk` positions at a time (bounded
@@ -103,12 +103,12 @@ def _logprobs(parts, lora, base, mb: MicroBatch, s: SamplingTransform, with_entr
             hidden, head = forward_hidden(model, mb.tokens, mb.valid)
         vocab = jax.eval_shape(head, jax.ShapeDtypeStruct((1, hidden.shape[-1]), hidden.dtype)).shape[-1]
         return window_logprobs(hidden, head, vocab, mb, s, chunk, with_entropy, raw, fused_grad,
-                               at_window=mb.shared is not None)
+                               at_window=mb.shared is not None, entropy_grad=entropy_grad)
     if s.needs_history:
         raise ValueError(f"learner.logprob_chunk=0 (dense reference) does not model penalties or min_tokens ({s}); "
                          "set learner.logprob_chunk > 0")
     logits = forward_logits(model, mb.tokens, mb.valid)
-    logp, entropy = dense_sampling_logprobs(logits, mb.targets, s, with_entropy)
+    logp, entropy = dense_sampling_logprobs(logits, mb.targets, s, with_entropy, entropy_grad)
     raw_logp = dense_sampling_logprobs(logits, mb.targets, SamplingTransform())[0] if raw else None
     return logp, entropy, raw_logp
 
@@ -132,7 +132,8 @@ def make_accumulate_fn(parts: ModelParts, sampling: SamplingTransform, opts: Los
     """
 
     def loss_fn(lora, base, mb, old_logp, old_cmp):
-        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw, chunk, fused_grad=True)
+        logp, entropy, raw_logp = _logprobs(parts, lora, base, mb, sampling, True, raw, chunk, fused_grad=True,
+                                            entropy_grad=opts.entropy_coef > 0.0)
         if not off_policy:
             old_logp = jax.lax.stop_gradient(logp)
             old_cmp = jax.lax.stop_gradient(raw_logp if raw else logp)
@@ -140,10 +141,9 @@ def make_accumulate_fn(parts: ModelParts, sampling: SamplingTransform, opts: Los
         if opts.kl_beta > 0.0:
             ref_logp, _, _ = _logprobs(parts, zero_b(lora), base, mb, sampling, False, False, chunk)
             ref_logp = jax.lax.stop_gradient(ref_logp)
-        loss, sums = grpo_token_loss(
-            logp, old_logp, old_cmp, mb.engine_logprobs, mb.advantages, mb.weights, mb.loss_mask, opts, ref_logp
-        )
-        sums["entropy"] = jnp.sum(mb.loss_mask * entropy)
+        loss, sums = grpo_token_loss(logp, old_logp, old_cmp, mb.engine_logprobs, mb.advantages, mb.weights,
+                                     mb.loss_mask, opts, ref_logp, entropy)
+        sums["entropy"] = jnp.sum(mb.loss_mask * jax.lax.stop_gradient(entropy))
         return loss, sums
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

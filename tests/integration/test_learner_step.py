@@ -110,14 +110,15 @@ def test_multi_update_kl_and_is_metrics(tiny_model_dir):
 
 def test_chunked_logprobs_step_equals_the_dense_reference(tiny_model_dir):
     """learner.logprob_chunk (completion positions only, chunked) vs 0 (dense [B, L, V]): same loss, gradient
-    norm and metrics within 1e-6, with two updates (old logprobs) and KL, so every logprob pass is compared.
+    norm and metrics within 1e-6, with two updates (old logprobs), KL and the entropy bonus (its gradient fused in
+    the chunked path, autodiff in the dense one), so every logprob pass is compared.
     lr is tiny: Adam turns float-rounding-level gradient differences into lr-sized steps, which the second
     update would then compare instead of the logprobs."""
     sampling = SamplingTransform(temperature=0.9, top_p=0.9, min_p=0.01)  # top-p by bisection
     def run(chunk: int):
         cfg = LearnerConfig.model_validate({
             "devices": {"offset": 1, "count": 1}, "seq_bucket": 16, "logprob_chunk": chunk, "optimizer": {"lr": 1e-9},
-            "grpo": {"mini_batch_size": 8, "micro_batch_size": 4, "kl_beta": 0.05}})
+            "grpo": {"mini_batch_size": 8, "micro_batch_size": 4, "kl_beta": 0.05, "entropy_coef": 0.01}})
         learner = Learner(cfg, tiny_model_dir)
         rng = np.random.default_rng(2)
         toks, lps = sample(learner, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)

@@ -192,6 +192,39 @@ def test_fused_gradient_equals_autodiff_under_penalties(s):
     np.testing.assert_allclose(g_fused, g_plain, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("s", SAMPLINGS[:6] + [PENALTIES["all"]], ids=str)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_grad", "autodiff"])
+def test_entropy_gradient_equals_the_dense_reference(s, fused):
+    """The entropy bonus (`learner.grpo.entropy_coef`) differentiates the entropy: the chunked path's gradient of a
+    mix of logp and entropy equals autodiff of the dense reference (truncated tokens, -inf logits, add no NaN), and
+    without `entropy_grad` the entropy stays detached. Fails before the entropy had a gradient (it was always
+    detached, so the mix's gradient was logp's alone)."""
+    p = pack(random_batch(7, s, n=5, first=[3, 3, 9, 3]), np.zeros(5), bucket=4, rows=6)
+    head, hidden = head_and_hidden(8, p.tokens.shape)
+    rng = np.random.default_rng(9)
+    a, b = (jnp.asarray(rng.normal(size=p.tokens.shape).astype(np.float32)) * p.loss_mask for _ in range(2))
+    mix = lambda logp, ent: (logp * a + ent * b).sum()
+    chunked = lambda grad: jax.jit(jax.value_and_grad(lambda h: mix(*window_logprobs(
+        h, head, V, p, s, 5, True, False, fused_grad=fused, entropy_grad=grad)[:2])))
+    value, g = chunked(True)(hidden)
+    assert np.isfinite(np.asarray(g)).all(), "a truncated token's -inf logit leaked into the gradient"
+    if not s.needs_history:  # the dense reference models no penalties
+        targets = jnp.asarray(p.targets)
+        want, g_want = jax.value_and_grad(lambda h: mix(*dense_sampling_logprobs(head(h), targets, s, True, True)))(
+            hidden)
+        np.testing.assert_allclose(value, want, rtol=1e-5)
+        np.testing.assert_allclose(g, g_want, atol=1e-5)
+    else:  # against plain autodiff of the rematerialised chunks
+        g_plain = jax.grad(lambda h: mix(*window_logprobs(h, head, V, p, s, 5, True, False, entropy_grad=True)[:2]))(
+            hidden)
+        np.testing.assert_allclose(g, g_plain, rtol=1e-5, atol=1e-5)
+    _, g_detached = chunked(False)(hidden)
+    g_logp = jax.grad(lambda h: (window_logprobs(h, head, V, p, s, 5, True, False, fused_grad=fused)[0] * a).sum())(
+        hidden)
+    np.testing.assert_allclose(g_detached, g_logp, atol=1e-6)
+    assert np.abs(np.asarray(g) - np.asarray(g_detached)).max() > 1e-3, "vacuous: the entropy adds no gradient"
+
+
 @pytest.mark.parametrize("width,chunk,want", [(192, 128, (2, 96)), (1024, 128, (8, 128)), (96, 128, (1, 96)),
                                               (12, 5, (3, 4)), (200, 64, (4, 56)), (130, 128, (2, 72))])
 def test_chunks_are_balanced_and_never_larger_than_asked(width, chunk, want):

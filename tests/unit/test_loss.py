@@ -196,6 +196,38 @@ def test_on_policy_ratio_is_one_and_nothing_clips():
     np.testing.assert_allclose(sums["is_ratio"], sums["tokens"], rtol=1e-6)
 
 
+def test_the_entropy_bonus_subtracts_its_weighted_entropy_and_raises_a_collapsed_distribution():
+    """`entropy_coef` (learner.grpo.entropy_coef): the loss is the GRPO loss minus coef x the weighted entropy, its
+    gradient with respect to the entropy -coef x the token weights; a missing entropy is refused. On a softmax
+    that has collapsed onto one token, with zero advantages (no group varied), a few steps of the bonus alone raise
+    the entropy. Fails before the bonus existed."""
+    g = make_groups(seed=5)
+    j = {k: jnp.asarray(v) for k, v in g.items()}
+    w = token_weights(g["mask"], "token-mean", 8)
+    ent = jnp.asarray(np.random.default_rng(6).random(g["mask"].shape).astype(np.float32))
+    base = grpo_token_loss(j["logp"], j["old"], j["old"], j["engine"], j["adv"], w, j["mask"], LossOptions())[0]
+    opts = LossOptions(entropy_coef=0.01)
+    loss, d_ent = jax.value_and_grad(lambda e: grpo_token_loss(
+        j["logp"], j["old"], j["old"], j["engine"], j["adv"], w, j["mask"], opts, entropy=e)[0])(ent)
+    np.testing.assert_allclose(loss, base - 0.01 * float((w * ent).sum()), rtol=1e-6)
+    np.testing.assert_allclose(d_ent, -0.01 * w, rtol=1e-6)
+    with pytest.raises(ValueError, match="entropy_coef > 0 needs the entropy"):
+        grpo_token_loss(j["logp"], j["old"], j["old"], j["engine"], j["adv"], w, j["mask"], opts)
+
+    logits = jnp.asarray(np.r_[8.0, np.zeros(15)].astype(np.float32))[None, None]  # [1, 1, V]: one token at ~0.996
+    target, one, zero = jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1)), jnp.zeros(1)
+
+    def loss_of(z):
+        logp, e = dense_sampling_logprobs(z, target, SamplingTransform(), True, True)
+        return grpo_token_loss(logp, logp, logp, logp, zero, one, one, opts, entropy=e)[0]
+
+    entropy = lambda z: float(dense_sampling_logprobs(z, target, SamplingTransform(), True)[1][0, 0])
+    before, z = entropy(logits), logits
+    for _ in range(20):
+        z = z - 1000.0 * jax.grad(loss_of)(z)
+    assert entropy(z) > before + 0.1, f"the bonus alone should spread a collapsed distribution: {before} -> {entropy(z)}"
+
+
 def test_gradient_accumulation_equals_full_batch():
     """Weights computed over the mini-batch make micro-batch losses add up to the mini-batch loss."""
     g = make_groups(seed=4)
