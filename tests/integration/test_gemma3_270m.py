@@ -28,7 +28,13 @@ def gemma_dir():
     return path
 
 
-def test_prepared_weights_match_the_gguf_and_the_learner(gemma_dir, engine_python, tmp_path):
+@pytest.fixture(scope="module")
+def gemma_model(gemma_dir):
+    """(the learner's NNX model of the prepared folder, its family), loaded once for both tests."""
+    return load_model(gemma_dir, mesh=None)
+
+
+def test_prepared_weights_match_the_gguf_and_the_learner(gemma_dir, engine_python, tmp_path, request):
     gguf = next((gemma_dir.parent / f".{gemma_dir.name}-src").glob("*.gguf"))
     tokens = np.random.default_rng(0).integers(3, 262000, (1, 96)).astype(np.int32)
     ref = reference_logits(engine_python, gguf, tokens, tmp_path, second=gemma_dir)  # one engine-env process
@@ -36,7 +42,7 @@ def test_prepared_weights_match_the_gguf_and_the_learner(gemma_dir, engine_pytho
     conversion = np.abs(from_folder - from_gguf).max()
     assert conversion <= 1e-4, f"prepared folder vs its GGUF: max |logit diff| {conversion:.2e}"
 
-    model, family = load_model(gemma_dir, mesh=None)
+    model, family = request.getfixturevalue("gemma_model")  # after the engine-env process: never both in memory
     ours = np.asarray(jax.jit(forward_logits)(model, tokens, np.ones(tokens.shape, bool)))
     diff = np.abs(ours - from_folder).max()
     print(f"gemma3-270m: folder vs GGUF {conversion:.2e}, learner vs transformers {diff:.2e} "
@@ -44,16 +50,19 @@ def test_prepared_weights_match_the_gguf_and_the_learner(gemma_dir, engine_pytho
     assert family == "gemma3" and diff <= 1e-3, f"learner vs transformers: max |logit diff| {diff:.2e} > 1e-3"
 
 
-def test_greedy_text_is_sensible(gemma_dir):
+def test_greedy_text_is_sensible(gemma_dir, gemma_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gemma_dir)
-    model, _ = load_model(gemma_dir, mesh=None)
+    model, _ = gemma_model
     ids = tok(PROMPT)["input_ids"]
     fn = jax.jit(forward_logits)
-    for _ in range(6):  # no KV cache: 6 short forwards
-        tokens = np.array([ids], np.int32)
-        ids.append(int(np.asarray(fn(model, tokens, np.ones(tokens.shape, bool)))[0, -1].argmax()))
+    width = len(ids) + 6  # no KV cache: 6 forwards of one right-padded shape (one compile, not six)
+    for _ in range(6):
+        tokens = np.zeros((1, width), np.int32)
+        tokens[0, :len(ids)] = ids
+        valid = np.arange(width)[None] < len(ids)
+        ids.append(int(np.asarray(fn(model, tokens, valid))[0, len(ids) - 1].argmax()))
     text = tok.decode(ids, skip_special_tokens=True)
     print(f"gemma3-270m greedy: {text!r}")
     assert "Paris" in text, f"greedy continuation of {PROMPT!r} is {text!r}: weights or mapping broken"
