@@ -40,7 +40,8 @@ CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
 # would be paid by every run; the tests that check them turn them on.
 TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24",
         "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "learner.grpo.micro_batch_size=8",
-        "eval.every=0", "train.dynamic_sampling.enabled=false", "learner.grpo.kl_beta=0.0"]
+        "eval.every=0", "train.dynamic_sampling.enabled=false", "learner.grpo.kl_beta=0.0",
+        "train.mode=sync"]  # the demo runs async; a test that needs async says so
 
 
 def train_cmd(*args: str) -> list[str]:
