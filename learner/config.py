@@ -121,8 +121,9 @@ class GrpoConfig(Strict):
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: the loss subtracts entropy_coef x the entropy of each completion token's sampling
     distribution (temperature and truncation applied), aggregated as the policy term is (`loss_agg`), with its
-    gradient. Keeps a policy from collapsing onto one answer before it has learned when that answer is right; 0 =
-    off (the entropy is still logged, detached). Too large and it rewards noise: start near 1e-3."""
+    gradient: a push against a policy collapsing onto one answer; 0 = off (the entropy is still logged, detached).
+    It spreads mass at every position, not only where the choice is: on the CPU demo 0.005 did not hold the entropy
+    up and learned less (docs/demo.md, run E2)."""
     engine_logprobs: Literal["processed", "raw"] = "processed"
     """What the batch's engine logprobs are: 'processed' = after temperature and top-k/top-p/min-p (vLLM
     --logprobs-mode processed_logprobs; the sampling distribution), 'raw' = the untempered model distribution."""
