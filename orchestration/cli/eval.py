@@ -116,6 +116,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     import ray
     from tqdm import tqdm
 
+    from orchestration.cluster.local_ray import start_local_ray
     from orchestration.evaluation import score_policy
     from orchestration.faults import FaultHook
     from orchestration.judge import setup_judge
@@ -133,7 +134,7 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
     engines = cfg.rollout.resources.num_cpus + (cfg.judge_engine.resources.num_cpus if cfg.judge_engine else 0)
     judge_engine = None
     try:
-        ray.init(address="local", include_dashboard=False, num_cpus=max(2, int(engines) + 1))
+        start_local_ray(num_cpus=max(2, int(engines) + 1))
         signals.install()  # ray.init put its own SIGTERM handler in place (Ray's C++ one aborts the process)
         part = part_config(cfg.rollout, RolloutConfig)
         with Rollout(part, cfg.model.resolved_path, cfg.rollout.resources.ray_options()) as rollout:

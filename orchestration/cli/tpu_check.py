@@ -41,11 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def connect(address: str | None) -> None:
     import ray
 
+    from orchestration.cluster.local_ray import start_local_ray
+
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+        start_local_ray(max(4, os.cpu_count() or 1), log_to_driver=False)
 
 
 def tpu_hosts() -> list[dict]:

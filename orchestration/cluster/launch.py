@@ -16,6 +16,7 @@ import ray
 
 from learner.config import LearnerConfig
 from orchestration.config.schema import RayConfig, RunConfig, part_config
+from orchestration.cluster.local_ray import start_local_ray
 from orchestration.cluster.placement import bundle_hosts, host_chip_coords, reserve_engines, reserve_learner
 from common.model_cache import cache_dir
 from orchestration.cluster.resources import check_cluster_fits
@@ -75,7 +76,7 @@ def connect(cfg: RunConfig) -> bool:
     if cfg.judge_engine is not None:
         needed += cfg.judge_engine.resources.num_cpus
     num_cpus = ray_cfg.num_cpus or max(int(needed) + 1, os.cpu_count() or 1)
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    start_local_ray(num_cpus)
     log.info("started a local Ray cluster (%d logical CPUs)", num_cpus)
     return True
 

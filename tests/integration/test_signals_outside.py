@@ -123,6 +123,53 @@ def test_train_signalled_from_outside_saves_the_last_finished_step_says_so_once_
     assert left == [], f"{spec}: processes of the run alive {LEFTOVER_S} s after it exited: {left}"
 
 
+GROUP_SIGNALLED = """
+import signal, sys, time
+import ray
+from orchestration.cluster.local_ray import start_local_ray
+
+start_local_ray(1, log_to_driver=False)
+taken = []
+signal.signal(signal.SIGTERM, lambda *_: taken.append(1))  # as orchestration.signals does after ray.init
+
+
+@ray.remote(num_cpus=0)
+class Saver:
+    def save(self):
+        return "saved"
+
+
+print("ready", flush=True)
+while not taken:
+    time.sleep(0.05)
+# What a run does once signalled: its save needs the cluster (a new actor needs the GCS and the raylet).
+print(ray.get(Saver.remote().save.remote(), timeout=60), flush=True)
+ray.shutdown()
+"""
+
+
+def test_a_signal_to_the_runs_process_group_leaves_its_private_cluster_to_the_run(tmp_path):
+    """`kill -TERM -PGID` (a scheduler cancelling a job, a supervisor stopping a service) reaches every process of
+    the group. The private cluster a run starts must not be among them: it is what the run saves through on its way
+    out, and the run ends it itself. Fails on main at e4482e0: `ray.init(address="local")` started the GCS server and
+    the raylet in the run's group, they shut down at the signal, and the run's save raced them (CI lost the race once:
+    `save@1` above, checkpoint at step 0)."""
+    log = tmp_path / "err.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", GROUP_SIGNALLED], cwd=ROOT, env=clean_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", log.read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and out.split() == ["saved"], \
+        f"exit {proc.returncode}, stdout {out!r}:\n{log.read_text()[-3000:]}"
+
+
 def test_eval_signalled_from_outside_while_generating_stops_with_one_line(tmp_path, tiny_model_dir):
     """`aha eval` (base model, from a config) held in its generation (`eval:hold`) and sent Ctrl-C as a terminal
     sends it, to its process group: one line, exit 130, nothing written, no engine left. (The SIGTERM case, sent to

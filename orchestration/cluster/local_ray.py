@@ -1,0 +1,44 @@
+"""Start a private local Ray cluster whose processes do not share the caller's process group.
+
+`ray.init(address="local")` starts the GCS server, the raylet and Ray's agents as children of this process, in its
+process group. A signal sent to that group, as `kill -TERM -PGID`, a batch scheduler cancelling a job or a
+supervisor stopping a service sends it, then reaches them together with the run: the GCS and the raylet shut down
+at once (Ray blocks only SIGINT in them), and the learner's actor dies under the save the run makes on its way out,
+so the run ends with its last finished step unsaved, or saved only when the race goes its way. Started in a group of
+their own, they take signals from the run alone, which ends them itself (`ray.shutdown`) once it has saved.
+
+Ray's launcher already does this on Windows (a new process group for each of its processes); on Linux it relies on
+kernel fate sharing (PR_SET_PDEATHSIG, set in its `preexec_fn`), which a new group keeps: a driver that is
+SIGKILLed still takes its cluster with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import ray
+from ray._private import services  # Ray's process launcher: start_ray_process builds every process with ConsolePopen
+
+
+def start_local_ray(num_cpus: int, log_to_driver: bool = True) -> None:
+    """A new local cluster (never an existing one: address="local"), its processes in a process group of their own."""
+    with own_process_group():
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
+
+
+@contextlib.contextmanager
+def own_process_group() -> Iterator[None]:
+    """While inside, each process Ray's launcher starts leads a new process group (its children inherit it)."""
+    launcher = services.ConsolePopen
+
+    class OwnGroupPopen(launcher):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = launcher
