@@ -45,9 +45,13 @@ def compile_oom(message: str, geo, data_parallel: int) -> CompileOom | None:
 
 
 def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
-    """The learner's step for `learner_cfg`, its chunk loop counted in full; (mesh, geometry, pieces, sizes, chip)."""
+    """The learner's step for `learner_cfg`, its chunk loop counted in full; (mesh, geometry, pieces, sizes, chip).
+
+    The loop's count is measured at the probe's shallower depth, so a whole-model check after `--probe-layers` (or
+    before it) compiles its correction once for both: the same programs, kept under the same keys. A 1-layer model
+    measures it as well, in two more TPU compiles (Gemma 3 1B on v5e:2x4: 38 and 41 CPU-s, docs/benchmarks.md)."""
     mesh, geo, pieces, sizes, chip = _compiled_figures(cfg, learner_cfg, hf, max_sequence, kept)
-    small = with_layers(hf, 1)
+    small = with_layers(hf, min(PROBE_LAYERS[0], hf["num_hidden_layers"]))
     return mesh, geo, _with_whole_chunk_loop(cfg, learner_cfg, small, max_sequence, geo, pieces, kept=kept), sizes, chip
 
 
