@@ -80,7 +80,7 @@ def main() -> None:
     import tinker
     from tinker import types
 
-    from learner.adapters import AdamParams
+    from learner.adapter_api import AdamParams
     from learner.config import LoraConfig
     from orchestration.cluster import launch
     from orchestration.service.app import TinkerApp

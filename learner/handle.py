@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import ray
 
-from learner.adapters import POLICY, AdamParams
+from learner.adapter_api import POLICY, AdamParams
 from learner.config import LearnerConfig, LoraConfig
 from learner.group import LearnerGroup, LearnerProcessLost, start_learner
 

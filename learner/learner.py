@@ -33,7 +33,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from learner import train_step as ts
-from learner.adapters import POLICY, AdamParams, Adapter, OpenUpdate, init_opt_state, new_adapter, split_lora
+from learner.adapter_api import POLICY, AdamParams
+from learner.adapters import Adapter, OpenUpdate, init_opt_state, new_adapter, split_lora
 from learner.batch import PackedBatch, ShapeFloor, TrainBatch, pack, slice_rows
 from learner.checkpoint import Checkpointer
 from learner.compile_time import compile_seconds

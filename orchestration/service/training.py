@@ -31,7 +31,7 @@ from typing import Any
 from common.peft_adapter import read_adapter, write_adapter
 from common.sampling import SamplingParams
 from common.storage import exists, local_folder, read_text, write_folder, write_text
-from learner.adapters import AdamParams
+from learner.adapter_api import AdamParams
 from learner.config import LoraConfig
 from learner.handle import LearnerHandle
 from learner.token_losses import loss_config

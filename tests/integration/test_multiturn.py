@@ -26,7 +26,7 @@ import pytest
 
 from conftest import perturbed_learner, rollout_serving
 from learner import train_step as ts
-from learner.adapters import POLICY
+from learner.adapter_api import POLICY
 from learner.batch import TrainBatch
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
