@@ -66,6 +66,7 @@ LANES = {
         "tests/integration/test_learner_vllm_sampler.py",
         "tests/integration/test_signals_outside.py",
         "tests/integration/test_eval_inloop.py",  # from live at 2026-11-27: live was the tail by 9 minutes
+        "tests/integration/test_replicas.py",  # from live at 2026-11-28: live ended 1:44 after live2 (30:34, 28:50)
     ),
     "live": (),  # everything else
 }
