@@ -56,6 +56,8 @@ FAILURE_KINDS = ("raised", "invalid", "timeout", "crash", "memory")
 MAX_REPLY_BYTES = 64 << 20
 START_TIMEOUT_S = 120.0
 """Longest a worker may take to start and import the reward modules."""
+LOG_DRAIN_S = 2.0
+"""Longest closing a worker waits for its log thread to read the last of its output."""
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -146,6 +148,10 @@ class _Worker:
 
     def close(self) -> None:
         self.proc.wait()
+        # Its log thread reports the output dropped since the last call when it reads the pipe's end; wait for it
+        # (briefly: a grandchild outside the container could hold the pipe open), so that line is in the run's log
+        # before the pool is closed rather than racing the driver's exit.
+        self.log.join(LOG_DRAIN_S)
         self.conn.close()
         if self.exited >= 0:
             os.close(self.exited)

@@ -268,7 +268,8 @@ def test_a_reply_over_the_cap_is_invalid_and_the_worker_replaced(workdir) -> Non
 def test_a_flood_on_stderr_is_cut_and_the_call_still_scores(workdir, caplog, capfd) -> None:
     """A reward that writes 108 MiB to stderr: its worker's output is logged up to 64 KiB per call and the rest
     dropped with one line; the driver's own stderr gets none of it. Fails on main at 85b20f9 (workers wrote to the
-    driver's stderr: the run's log took all 108 MiB)."""
+    driver's stderr: the run's log took all 108 MiB). The second call's drop is reported when the worker's pipe
+    closes, which closing the pool now waits for: CI at 9e6dceb saw one line (a log thread slower than the test)."""
     caplog.set_level(logging.INFO, logger="rewards.worker")
     with rewards({"fn": "user_rewards:floods_stderr"}) as rs:
         assert rs.score(samples(["a"])).per_name["floods_stderr"] == [1.0]
