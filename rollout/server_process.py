@@ -40,6 +40,15 @@ WILDCARD = ("0.0.0.0", "::", "")
 DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
 
+PORT_ATTEMPTS = 3
+"""How many ports a server start tries when the one picked free is taken before the server binds it."""
+PORT_IN_USE = re.compile(r"address already in use", re.IGNORECASE)  # errno 98's text, from vLLM's and uvicorn's bind
+
+
+class PortTaken(RuntimeError):
+    """The server exited during start-up because another process held its port."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free on `host` right now."""
     with socket.socket() as sock:
@@ -153,7 +162,12 @@ class ServerProcess:
         return env
 
     def start(self) -> str:
-        """Launch the server and block until /health answers; return base_url. Raises with the log tail."""
+        """Launch the server and block until /health answers; return base_url. Raises with the log tail.
+
+        A port picked free here is bound by the server only once its imports are done, seconds later; another
+        process can take it in between (an outgoing connection's local port, another server). The server then
+        exits saying so, and it is started again on another port, up to PORT_ATTEMPTS times; a configured
+        `port` is not changed."""
         if self._proc is not None and self._proc.poll() is None:
             return self.base_url
         if not self.cfg.interpreter.exists():
@@ -162,7 +176,17 @@ class ServerProcess:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        port = self.cfg.port or free_port(self.bind_host)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_on(self.cfg.port or free_port(self.bind_host))
+            except PortTaken as taken:
+                if self.cfg.port or attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("%s server on %s: a port it binds was taken before it bound it; starting it again on "
+                            "another port (%s)", self.engine_name, self.base_url, str(taken).splitlines()[-1])
+        raise AssertionError("unreachable")
+
+    def _start_on(self, port: int) -> str:
         self._drop_scratch()  # a server that died without stop(): its files go now
         if self.scratch_env:  # under /tmp, not the workdir: a socket's path must fit 107 bytes
             self._scratch = Path(tempfile.mkdtemp(prefix="aha-scratch-"))
@@ -190,8 +214,11 @@ class ServerProcess:
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"{self.engine_name} server exited with code {self._proc.returncode} during "
-                                   f"start-up; last lines of {self._log_path}:\n{self.log_tail()}")
+                tail = self.log_tail()
+                kind = PortTaken if PORT_IN_USE.search(tail) else RuntimeError
+                raise kind(f"{self.engine_name} server exited with code {self._proc.returncode} during start-up"
+                           f"{' (a port it binds was taken)' if kind is PortTaken else ''}; last lines of "
+                           f"{self._log_path}:\n{tail}")
             if self._healthy(timeout_s=2.0):
                 return
             time.sleep(0.5)

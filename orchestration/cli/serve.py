@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.cli.serve", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", help="a training run directory (has config.yaml and adapter/), or its gs:// URI")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; 0.0.0.0 exposes it)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to serve on (0: any free one; the URL printed says "
+                                                           "which)")
     p.add_argument("--name", help="model name clients use for the adapter (default: the run directory's name)")
     p.add_argument("--api-key", help="require this bearer token ('random' makes one and prints it)")
     p.add_argument("--base-only", action="store_true", help="serve the base model without the adapter")

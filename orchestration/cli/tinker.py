@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", help="where checkpoints and sampler weights go: a folder or gs://... "
                                      "(default runs/tinker-<time>)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: every interface of this node)")
-    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--port", type=int, default=8001, help="port to serve on (0: any free one; the URL printed "
+                                                           "and written to RUN_DIR/tinker.json says which)")
     p.add_argument("--api-key", help="the key clients send (default: a fresh tml-... key)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.replicas=2")
     return p.parse_args(argv)
@@ -66,15 +68,36 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RunDir(args.run_dir or f"runs/tinker-{time.strftime('%Y%m%d-%H%M%S')}")
     dump_config(cfg, run_dir.local / "config.yaml")
     try:
-        return serve(cfg, run_dir, args.host, args.port, api_key)
+        listener = listen(args.host, args.port)
+    except OSError as err:
+        print(f"tinker: cannot listen on {args.host}:{args.port} ({err.strerror}); pass another --port, or "
+              "--port 0 for any free one", file=sys.stderr)
+        return 2
+    try:
+        return serve(cfg, run_dir, listener, api_key)
     except KeyboardInterrupt as exc:
         exc = signals.interrupted(exc)
         print(f"tinker: stopped (interrupted by {exc.name}); engines and learner are shut down", file=sys.stderr)
         return exc.exit_code()
 
 
-def serve(cfg, run_dir, host: str, port: int, api_key: str) -> int:
-    """Start the parts, serve until interrupted, stop the parts."""
+def listen(host: str, port: int) -> socket.socket:
+    """The service's listening socket, bound before anything starts: a port in use fails at once, not after the
+    minute the cluster, learner and engines take, and no other process can take the port in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's own sites bind
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(cfg, run_dir, listener: socket.socket, api_key: str) -> int:
+    """Start the parts, serve on `listener` until interrupted, stop the parts."""
     from aiohttp import web
 
     from orchestration.cluster import launch
@@ -96,7 +119,8 @@ def serve(cfg, run_dir, host: str, port: int, api_key: str) -> int:
         async def run() -> None:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, host, port).start()
+            await web.SockSite(runner, listener).start()
+            host, port = listener.getsockname()[:2]
             dial = launch.driver_address() if host in ("0.0.0.0", "::") else host
             url = f"http://{dial}:{port}"
             info = run_dir.local / "tinker.json"

@@ -30,7 +30,6 @@ import pytest
 from conftest import MARK, kill_leftovers, marked_processes
 from orchestration.config.files import dump_config, load_config
 from orchestration.metrics import read_metrics
-from rollout.server_process import free_port
 from test_train_e2e import CONFIG, ROOT, TINY, clean_env, saved_step, stop_lines, train_cmd
 
 pytestmark = pytest.mark.integration
@@ -199,7 +198,7 @@ def test_serve_sent_ctrl_c_to_its_group_stops_with_one_line(tmp_path, tiny_model
     dump_config(load_config(CONFIG, TINY), run_dir / "config.yaml")
     marker = f"serve-{uuid.uuid4().hex}"
     proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.serve", str(run_dir), "--base-only",
-                             "--port", str(free_port())], cwd=ROOT, env=clean_env() | {MARK: marker},
+                             "--port", "0"], cwd=ROOT, env=clean_env() | {MARK: marker},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     try:

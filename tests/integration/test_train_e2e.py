@@ -269,9 +269,8 @@ def serve_and_ask(run_dir: Path) -> None:
     an API key, for completions and chat completions."""
     import httpx
 
-    port = free_port()
     marker = f"serve-{uuid.uuid4().hex}"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.serve", str(run_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.serve", str(run_dir), "--port", "0",
                              "--name", "trained", "--api-key", "secret-key"],
                             cwd=ROOT, env=clean_env() | {MARK: marker}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -285,7 +284,8 @@ def serve_and_ask(run_dir: Path) -> None:
             lines.append(line)
             if line.startswith("  curl "):
                 break
-        url = f"http://127.0.0.1:{port}/v1"
+        # --port 0: the engine's port is picked free (and picked again if taken before it binds); serve says which
+        url = next(line.split(" at ")[-1].strip() for line in lines if line.startswith("serving ")) + "/v1"
         auth = {"Authorization": "Bearer secret-key"}
         body = {"model": "trained", "prompt": "Using the numbers", "max_tokens": 5, "temperature": 0}
         assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 401, "API key not enforced"

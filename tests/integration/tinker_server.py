@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,12 +41,6 @@ class Server:
         return tinker.RestClient(base_url=self.base_url, api_key=self.api_key)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(run_dir: Path, *overrides: str, api_key: str | None = None) -> Server:
     """`aha tinker` on CONFIG with `overrides`, writing under `run_dir`; returns once it serves."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +49,7 @@ def start(run_dir: Path, *overrides: str, api_key: str | None = None) -> Server:
     info.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {"PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "orchestration.cli", "tinker", "--config", str(CONFIG), "--run-dir", str(run_dir),
-           "--port", str(free_port()), *(["--api-key", api_key] if api_key else []), *overrides]
+           "--port", "0", *(["--api-key", api_key] if api_key else []), *overrides]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + START_S

@@ -31,3 +31,24 @@ def test_each_command_runs_its_entry_point(command):
     proc = aha(command, "--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage:"), proc.stdout[:300]
+
+
+def test_tinker_on_a_port_in_use_says_so_at_once_and_starts_nothing(tmp_path):
+    """`aha tinker --port P` where something already listens on P: exit 2 with one line that names the port and what
+    to change, before any part starts (no Ray cluster, nothing in the run dir but its config). Fails on main at
+    9e6dceb (the port was bound after Ray, the learner and the engine had started: a traceback a minute later; a
+    suite run's tinker test lost a port picked free to another process in that minute)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = aha("tinker", "--config", "configs/tinker_smollm2_cpu.yaml", "--run-dir", str(tmp_path / "run"),
+                   "--port", str(port), "model.path=tiny-llama")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"tinker: cannot listen on 127.0.0.1:{port} (Address already in use); pass another --port, or "
+                     "--port 0 for any free one"], proc.stderr[-2000:]
+    assert "Ray" not in proc.stdout, proc.stdout[-2000:]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml"]
