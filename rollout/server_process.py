@@ -182,8 +182,8 @@ class ServerProcess:
             except PortTaken as taken:
                 if self.cfg.port or attempt == PORT_ATTEMPTS:
                     raise
-                log.warning("%s server on %s: a port it binds was taken before it bound it; starting it again on "
-                            "another port (%s)", self.engine_name, self.base_url, str(taken).splitlines()[-1])
+                log.warning("%s server on %s exited: a port it binds was taken by another process; starting it "
+                            "again on another port (%s)", self.engine_name, self.base_url, str(taken).splitlines()[-1])
         raise AssertionError("unreachable")
 
     def _start_on(self, port: int) -> str:
@@ -215,10 +215,11 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = self.log_tail()
-                kind = PortTaken if PORT_IN_USE.search(tail) else RuntimeError
-                raise kind(f"{self.engine_name} server exited with code {self._proc.returncode} during start-up"
-                           f"{' (a port it binds was taken)' if kind is PortTaken else ''}; last lines of "
-                           f"{self._log_path}:\n{tail}")
+                taken = PORT_IN_USE.search(tail) is not None
+                why = f" (a port it binds was taken: {self.base_url} or one of its own)" if taken else ""
+                raise (PortTaken if taken else RuntimeError)(
+                    f"{self.engine_name} server exited with code {self._proc.returncode} during start-up{why}; last "
+                    f"lines of {self._log_path}:\n{tail}")
             if self._healthy(timeout_s=2.0):
                 return
             time.sleep(0.5)

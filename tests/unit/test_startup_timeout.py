@@ -101,6 +101,6 @@ def test_a_configured_port_that_is_taken_is_an_error_that_says_so(tmp_path):
         port = holder.getsockname()[1]
         server = Late(VllmConfig(python=sys.executable, startup_timeout_s=30, port=port), tmp_path, tmp_path)
         server.taken.append(holder)  # already taken: the stand-in takes nothing more
-        taken = r"(?s)a port it binds was taken\); last lines of .*Address already in use"
+        taken = r"(?s)a port it binds was taken: .* or one of its own\); last lines of .*Address already in use"
         with pytest.raises(RuntimeError, match=taken):
             server.start()
