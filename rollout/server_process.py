@@ -176,15 +176,15 @@ class ServerProcess:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"aha-{self.cfg.kind}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(1, PORT_ATTEMPTS + 1):
+        for _ in range(PORT_ATTEMPTS - 1):
             try:
                 return self._start_on(self.cfg.port or free_port(self.bind_host))
             except PortTaken as taken:
-                if self.cfg.port or attempt == PORT_ATTEMPTS:
+                if self.cfg.port:
                     raise
                 log.warning("%s server on %s exited: a port it binds was taken by another process; starting it "
                             "again on another port (%s)", self.engine_name, self.base_url, str(taken).splitlines()[-1])
-        raise AssertionError("unreachable")
+        return self._start_on(self.cfg.port or free_port(self.bind_host))
 
     def _start_on(self, port: int) -> str:
         self._drop_scratch()  # a server that died without stop(): its files go now
