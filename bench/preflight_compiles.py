@@ -1,11 +1,11 @@
 """Where a preflight's time goes: each step piece's compile, its wall and CPU seconds and its temporaries, then the
-whole preflight's wall time. Every piece is compiled (`--recompile`: no kept figures), as on a fresh machine.
+whole preflight's wall time. Every piece is compiled (`--recompile`: neither the shipped figures nor the machine's).
 
     env -u XLA_FLAGS .venv/bin/python bench/preflight_compiles.py \
         --config configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml --probe-layers
 
-Takes preflight's own arguments. The suite's TPU checks (tests/integration/test_preflight.py) pay these compiles on a
-machine without kept figures (docs/benchmarks.md, "The test suite's time").
+Takes preflight's own arguments. These are the compiles the shipped figures (configs/preflight_figures/) spare a fresh
+machine, and what `aha preflight --refresh-figures` pays for the pieces a change to the step made new.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import learner.aot as aot  # noqa: E402
+from learner.compiled_figures import FigureStore  # noqa: E402
 from orchestration.cli.preflight import main  # noqa: E402
 
 GIB = 1 << 30
@@ -28,18 +28,18 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(compile_figures):
-    def compile_and_time(lowered, devices, folder):
+def timed(figures_of):
+    def compile_and_time(store, lowered, devices, label):
         wall, cpu = time.perf_counter(), cpu_seconds()
-        figures = compile_figures(lowered, devices, folder)
-        print(f"compile: {time.perf_counter() - wall:6.1f} s wall {cpu_seconds() - cpu:6.1f} s CPU, temporaries "
+        figures = figures_of(store, lowered, devices, label)
+        print(f"compile {label}: {time.perf_counter() - wall:6.1f} s wall {cpu_seconds() - cpu:6.1f} s CPU, temporaries "
               f"{figures.memory['temp_size_in_bytes'] / GIB:.2f} GiB", flush=True)
         return figures
     return compile_and_time
 
 
 if __name__ == "__main__":
-    aot.compile_figures = timed(aot.compile_figures)  # learner/aot.py calls it by this module's name
+    FigureStore.figures = timed(FigureStore.figures)
     start = time.perf_counter()
     code = main([*sys.argv[1:], "--recompile"])
     print(f"preflight: {time.perf_counter() - start:.1f} s wall", flush=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from learner import train_step as ts
 from learner.batch import bucket_length
-from learner.compiled_figures import compile_figures
+from learner.compiled_figures import FigureStore
 from learner.config import LearnerConfig
 from learner.learner import Learner, grpo_pieces
 from learner.lora import apply_lora
@@ -135,12 +134,14 @@ def abstract_opt_state(tx, lora: dict, mesh: Mesh):
 
 
 def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mesh, geo: Geometry,
-                 sampling: SamplingTransform, figures_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 sampling: SamplingTransform, store: FigureStore | None = None,
+                 label: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """Compile the Learner's jitted pieces a step runs (logprobs only off-policy); returns ({name: Figures}, abstract
-    state by kind). With `figures_dir`, a piece whose program was compiled before for these devices is not compiled
-    again: its analyses are read from there (learner/compiled_figures.py)."""
+    state by kind). A piece whose program `store` holds is not compiled again: its analyses are read from there
+    (learner/compiled_figures.py; None: compile every piece). `label` names the step in the store's entries."""
     devices = list(mesh.devices.flat)
-    figures = lambda lowered: compile_figures(lowered, devices, figures_dir)
+    store = store or FigureStore(shipped=None)
+    figures = lambda lowered, piece: store.figures(lowered, devices, f"{label} {piece}".strip())
     logprob_fn, accumulate = grpo_pieces(cfg, parts, sampling, geo.off_policy)
     tx = ts.make_optimizer(cfg.optimizer)
     opt_state = abstract_opt_state(tx, lora, mesh)
@@ -150,9 +151,9 @@ def compile_step(cfg: LearnerConfig, parts: ts.ModelParts, lora: dict, mesh: Mes
         # The separate logprobs pass runs only off-policy (old logprobs before several updates): on-policy a step
         # never calls it, so its compile (a fifth of preflight's time: Qwen2.5-1.5B v5e:2x2 `--probe-layers` 196
         # -> 155 s without it) would measure nothing the step needs.
-        compiled = {"logprobs": figures(logprob_fn.lower(lora, parts.base, mb))} if geo.off_policy else {}
-        compiled["accumulate"] = figures(accumulate.lower(lora, parts.base, lora, mb, *old))
-        compiled["apply"] = figures(ts.make_apply_fn(tx).lower(lora, opt_state, lora))
+        compiled = {"logprobs": figures(logprob_fn.lower(lora, parts.base, mb), "logprobs")} if geo.off_policy else {}
+        compiled["accumulate"] = figures(accumulate.lower(lora, parts.base, lora, mb, *old), "accumulate")
+        compiled["apply"] = figures(ts.make_apply_fn(tx).lower(lora, opt_state, lora), "apply")
     state = {"frozen": parts.base, "lora": lora, "opt_state": opt_state, "grad_acc": lora}
     return compiled, state
 

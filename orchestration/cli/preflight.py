@@ -33,7 +33,7 @@ SETUP_HINT = "bash scripts/setup_envs.sh"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestration.cli.preflight", description=__doc__.split("\n")[0])
-    p.add_argument("--config", type=Path, required=True, help="YAML config (see configs/)")
+    p.add_argument("--config", type=Path, help="YAML config (see configs/)")
     p.add_argument("--model-config", type=Path, help="config.json of the model (default: model.path's, else "
                                                      "configs/models/<model.path's name>/config.json)")
     p.add_argument("--prompt-tokens", type=int,
@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recompile", action="store_true",
                    help="compile every step piece, even one whose figures a preflight before kept (they are kept "
                         "under a hash of the program, the devices, the compiler's build and its flags)")
+    p.add_argument("--refresh-figures", action="store_true",
+                   help="remake the shipped TPU figures (configs/preflight_figures/) of every shipped config, probe "
+                        "and whole model, compiling only the pieces they lack, and remove the entries no shipped "
+                        "config uses; --config is then not needed (see orchestration/cli/preflight_figures.py)")
+    p.add_argument("--jobs", type=int, default=2, help="with --refresh-figures: preflights run at once")
+    p.add_argument("--used-keys", type=Path, help=argparse.SUPPRESS)  # a refresh's child: the shipped keys it used
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.remat=true")
     return p.parse_args(argv)
 
@@ -79,6 +85,13 @@ def use_libtpu(topology: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.refresh_figures and args.config is None:
+        from orchestration.cli.preflight_figures import refresh
+
+        return refresh(args.jobs)
+    if args.config is None:
+        print("preflight: --config CONFIG is needed (or --refresh-figures)", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.overrides)
         hf_path = model_config_path(cfg, args.model_config)
@@ -94,10 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     # JAX's executable cache would only make --recompile read a CPU step back instead of compiling it (and on TPU
     # it cannot read back without a TPU client: a warning per compile).
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    from learner.compiled_figures import FigureStore
     from orchestration.cli.preflight_report import run
 
-    figures_dir = None if args.recompile else cache_dir() / "preflight" / "figures"
-    return run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers, figures_dir)
+    store = FigureStore(shipped=None) if args.recompile else \
+        FigureStore(kept=cache_dir() / "preflight" / "figures", refresh=args.refresh_figures)
+    as_shipped = (args.config.resolve().parent == REPO / "configs" and not args.overrides
+                  and args.prompt_tokens is None and args.model_config is None)
+    code = run(cfg, hf_path, args.prompt_tokens, args.compare_dense, args.probe_layers, store, as_shipped)
+    if args.used_keys is not None:
+        args.used_keys.write_text("".join(f"{key}\n" for key in sorted(store.used)))
+    return code
 
 
 if __name__ == "__main__":

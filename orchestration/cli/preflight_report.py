@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+from learner.compiled_figures import FigureStore
 from orchestration.config.schema import RunConfig
 from orchestration.cluster.tpu_plan import describe as tpu_plan
 from orchestration.config.parallelism import report as parts_report
@@ -44,19 +45,19 @@ def compile_oom(message: str, geo, data_parallel: int) -> CompileOom | None:
                       data_parallel)
 
 
-def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
+def _figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, store: FigureStore):
     """The learner's step for `learner_cfg`, its chunk loop counted in full; (mesh, geometry, pieces, sizes, chip).
 
     The loop's count is measured at the probe's shallower depth, so a whole-model check after `--probe-layers` (or
     before it) compiles its correction once for both: the same programs, kept under the same keys. A 1-layer model
     measures it as well, in two more TPU compiles (Gemma 3 1B on v5e:2x4: 38 and 41 CPU-s, docs/benchmarks.md)."""
-    mesh, geo, pieces, sizes, chip = _compiled_figures(cfg, learner_cfg, hf, max_sequence, kept)
+    mesh, geo, pieces, sizes, chip = _compiled_figures(cfg, learner_cfg, hf, max_sequence, store)
     small = with_layers(hf, min(PROBE_LAYERS[0], hf["num_hidden_layers"]))
-    return mesh, geo, _with_whole_chunk_loop(cfg, learner_cfg, small, max_sequence, geo, pieces, kept=kept), sizes, chip
+    return mesh, geo, _with_whole_chunk_loop(cfg, learner_cfg, small, max_sequence, geo, pieces, store=store), sizes, chip
 
 
 def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequence: int, geo, pieces,
-                           small_pieces=None, kept: Path | None = None):
+                           small_pieces=None, store: FigureStore | None = None):
     """`pieces` with the chunked logprob loop's FLOPs and bytes counted for every chunk, not once.
 
     XLA's cost analysis counts a while loop's body once (Qwen2.5-1.5B on v5e:2x2, `--probe-layers` at c46c81c,
@@ -74,7 +75,7 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
     if n <= 1:
         return pieces
     at = lambda chunk: _compiled_figures(cfg, learner_cfg.model_copy(update={"logprob_chunk": chunk}), small,
-                                         max_sequence, kept)[2]
+                                         max_sequence, store)[2]
     chunked, whole = small_pieces or at(configured), at(geo.window)
     share = (n - 1) * c / (geo.window - c)
     extra = {a.name: (b.flops - a.flops, b.bytes_accessed - a.bytes_accessed) for a, b in zip(chunked, whole,
@@ -83,8 +84,8 @@ def _with_whole_chunk_loop(cfg: RunConfig, learner_cfg, small: dict, max_sequenc
                                 bytes_accessed=p.bytes_accessed + share * extra[p.name][1]) for p in pieces]
 
 
-def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
-    """Compile the learner's step for `learner_cfg` (a piece's figures read from `kept` if compiled before); returns
+def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, store: FigureStore):
+    """Compile the learner's step for `learner_cfg` (a piece's figures read from `store` if compiled before); returns
     (mesh, geometry, pieces, state sizes, chip)."""
     import jax
 
@@ -101,7 +102,8 @@ def _compiled_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, 
     s = cfg.rollout.sampling
     try:
         compiled, state = aot.compile_step(learner_cfg, parts, lora, mesh, geo, SamplingTransform.of(s, _eos_ids(hf)),
-                                           kept)
+                                           store, f"{hf['num_hidden_layers']} layers, logprob_chunk "
+                                           f"{getattr(learner_cfg, 'logprob_chunk', 0)}:")
     except jax.errors.JaxRuntimeError as err:  # the TPU compiler itself refuses what cannot fit its chips
         if (oom := compile_oom(str(err), geo, mesh.shape["fsdp"])) is None:
             raise
@@ -118,7 +120,7 @@ def with_layers(hf: dict, layers: int) -> dict:
     return out
 
 
-def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, kept: Path | None):
+def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, store: FigureStore):
     """`_figures` for the whole model from 2- and 3-layer compiles: every per-device figure (state sizes, each
     piece's live and temp bytes, FLOPs, bytes accessed) taken as a + b * layers, which is how a stack of identical
     decoder layers grows (weights and optimizer state exactly; activations kept for the backward pass and XLA's
@@ -129,12 +131,12 @@ def _probed_figures(cfg: RunConfig, learner_cfg, hf: dict, max_sequence: int, ke
     layers = hf["num_hidden_layers"]
     lo, hi = PROBE_LAYERS
     (mesh, geo, p1, s1, chip), (_, _, p2, s2, _) = (
-        _compiled_figures(cfg, learner_cfg, with_layers(hf, n), max_sequence, kept) for n in PROBE_LAYERS)
+        _compiled_figures(cfg, learner_cfg, with_layers(hf, n), max_sequence, store) for n in PROBE_LAYERS)
     line = lambda a, b: a + (layers - lo) * (b - a) / (hi - lo)
     fields = ("live_bytes", "temp_bytes", "flops", "bytes_accessed", "optimal_seconds")
     pieces = [dataclasses.replace(a, **{f: type(getattr(a, f))(line(getattr(a, f), getattr(b, f))) for f in fields})
               for a, b in zip(p1, p2, strict=True)]
-    pieces = _with_whole_chunk_loop(cfg, learner_cfg, with_layers(hf, lo), max_sequence, geo, pieces, p1, kept)
+    pieces = _with_whole_chunk_loop(cfg, learner_cfg, with_layers(hf, lo), max_sequence, geo, pieces, p1, store)
     return mesh, geo, pieces, {k: int(line(s1[k], s2[k])) for k in s1}, chip
 
 
@@ -223,9 +225,11 @@ def _oom_advice(cfg: RunConfig, oom: CompileOom, probe_layers: bool) -> str:
 
 
 def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense: bool, probe_layers: bool = False,
-        figures_dir: Path | None = None) -> int:
-    """Preflight's report; `figures_dir`: where each compile's figures are kept (learner/compiled_figures.py), None
-    compiles every piece."""
+        store: FigureStore | None = None, shipped_config: bool = False) -> int:
+    """Preflight's report; `store`: where each compile's figures are read and kept (learner/compiled_figures.py),
+    None compiles every piece; `shipped_config`: a shipped config as shipped, whose TPU pieces the shipped figures
+    should all hold (a line names those they lack)."""
+    store = store or FigureStore(shipped=None)
     hf = json.loads(hf_path.read_text())
     s, backend = cfg.rollout.sampling, cfg.rollout.backend
     prompt_tokens = min(prompt_tokens or PROMPT_TOKENS, backend.max_model_len - s.max_tokens)
@@ -242,15 +246,15 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
     print(parts_report(cfg, hf))
     for line in tpu_plan(cfg):
         print(line)
-    if figures_dir is not None:
+    if store.kept is not None:
         print(f"preflight: a piece compiled before (the same program, devices, compiler and flags) is read from "
-              f"{figures_dir}, not compiled again; --recompile compiles every piece")
+              f"{_shown(store.shipped)} or {store.kept}, not compiled again; --recompile compiles every piece")
     figures_of = _probed_figures if probe_layers else _figures
     figures = None
     for label, lc in variants:
         t0 = time.perf_counter()
         try:
-            mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence, figures_dir)
+            mesh, geo, pieces, sizes, chip = figures_of(cfg, lc, hf, max_sequence, store)
         except CompileOom as oom:
             print(_oom_advice(cfg, oom, probe_layers))
             return 2
@@ -258,6 +262,11 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
               f"{geo.micro}, {geo.micro_steps} micro-steps, {geo.updates} update(s), "
               f"{'off' if geo.off_policy else 'on'}-policy; compiled in {time.perf_counter() - t0:.0f} s")
         figures = _report(label, mesh, geo, pieces, sizes, chip)
+    if shipped_config and store.misses and not store.refresh:
+        print(f"preflight: stale shipped figures: {len(store.misses)} TPU piece(s) of this shipped config are not in "
+              f"{_shown(store.shipped)} and were compiled here ({'; '.join(store.misses)}): the learner step, "
+              "jax/libtpu or the config changed since they were made; run `aha preflight --refresh-figures` and commit "
+              "the folder")
     if figures["total"] > (1 - HEADROOM) * figures["hbm"]:
         print(_advice(cfg, figures))
         return 2
@@ -266,3 +275,11 @@ def run(cfg: RunConfig, hf_path: Path, prompt_tokens: int | None, compare_dense:
     print(f"preflight: fits: {figures['total'] / GIB:.2f} of {figures['hbm'] / GIB:.2f} GiB per chip "
           f"({100 * (1 - figures['total'] / figures['hbm']):.0f}% free){step}{mfu}")
     return 0
+
+
+def _shown(folder: Path | None) -> str:
+    """A folder as the user sees it: relative to the clone when inside it."""
+    if folder is None:
+        return "nowhere"
+    root = Path(__file__).resolve().parents[2]
+    return f"{folder.relative_to(root)}/" if folder.is_relative_to(root) else str(folder)

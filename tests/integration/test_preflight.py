@@ -3,8 +3,10 @@
 Compiles only (no weights, no TPU): the TPU configs compile for their `learner.topology` with libtpu from the
 sidecar folder setup installs ($AHA_LIBTPU, default $AHA_CACHE/envs/libtpu). Each run is one process, as a user
 runs it. CI checks every config with `--probe-layers` (2- and 3-layer compiles, extrapolated), the probe against
-whole-model compiles of the CPU configs and of one TPU config; the other whole TPU models compile only on request
-(preflight_compile).
+whole-model compiles of the CPU configs and of one TPU config, and every TPU config's whole model.
+A TPU piece of a shipped config is read from the shipped figures (configs/preflight_figures/, see
+orchestration/cli/preflight_figures.py), so a fresh machine compiles none while the step is unchanged; one they lack
+fails the test with preflight's line naming it and the refresh command.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def figures(out: subprocess.CompletedProcess) -> tuple[float, float]:
 def assert_fits(out: subprocess.CompletedProcess) -> None:
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0 and lines and lines[-1].startswith("preflight: fits"), out.stdout + out.stderr[-3000:]
+    assert_shipped_figures_current(out)
+
+
+def assert_shipped_figures_current(out: subprocess.CompletedProcess) -> None:
+    """A shipped config's TPU pieces all come from the shipped figures; else preflight's one line says which are
+    stale and the command that remakes them (it compiled them meanwhile, so the figures above are right)."""
+    stale = [line for line in out.stdout.splitlines() if line.startswith("preflight: stale shipped figures")]
+    assert not stale, stale[0]
 
 
 def need_libtpu(config: Path) -> None:
@@ -104,7 +114,9 @@ def test_layer_probe_on_tpu_is_within_the_headroom() -> None:
 
     config = ROOT / "configs" / "math_gemma3-1b_tpu_2hosts.yaml"
     need_libtpu(config)
-    (whole, whole_flops), (probe, probe_flops) = figures(preflight("--config", str(config))), figures(probed(config))
+    whole_out = preflight("--config", str(config))
+    assert_shipped_figures_current(whole_out)
+    (whole, whole_flops), (probe, probe_flops) = figures(whole_out), figures(probed(config))
     assert probe_flops == pytest.approx(whole_flops, rel=0.02)
     assert whole <= probe / (1 - HEADROOM), f"whole model {whole} GiB is past the probe's {probe} + headroom"
     assert probe <= 1.3 * whole, f"probe {probe} GiB is far above the whole model's {whole}"
@@ -141,9 +153,7 @@ def test_tpu_compiler_out_of_memory_is_the_verdict_line() -> None:
     assert 0 < fit < 256 and fit % 4 == 0  # a multiple of the 4-way data parallelism
 
 
-# Whole-model TPU compiles take 130-160 s each on an idle 2-core box (README "Preflight"): the other two run only
-# when asked for, `pytest -m preflight_compile tests/integration/test_preflight.py`, to keep the suite's time.
-@pytest.mark.preflight_compile
+# Whole-model TPU compiles take 130-160 s each on an idle 2-core box: the shipped figures make them a read.
 @pytest.mark.parametrize("config", [c for c in CONFIGS if is_tpu(c)], ids=lambda p: p.stem)
 def test_shipped_tpu_config_fits_whole_model(config: Path) -> None:
     need_libtpu(config)

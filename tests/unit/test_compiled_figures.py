@@ -1,12 +1,15 @@
 """learner/compiled_figures.py: a compiled piece's analyses are kept under its program, read back instead of
-compiling again, and any change to the program compiles again. Real JAX compiles on CPU."""
+compiling again, and any change to the program compiles again; the shipped figures are read first and a piece they
+lack is named. Real JAX compiles on CPU."""
 
 from __future__ import annotations
+
+import json
 
 import jax
 import jax.numpy as jnp
 
-from learner.compiled_figures import Figures, compile_figures
+from learner.compiled_figures import MEMORY_FIELDS, SHIPPED, Figures, FigureStore, compile_figures
 
 
 class CountingLowered:
@@ -59,3 +62,47 @@ def test_without_a_folder_every_piece_compiles(tmp_path):
     compile_figures(piece, jax.devices("cpu"), None)
     compile_figures(piece, jax.devices("cpu"), None)
     assert piece.compiles == 2
+
+
+def test_shipped_figures_are_read_first_and_a_miss_is_named(tmp_path):
+    """A piece on a shipped platform is read from the shipped folder; one it lacks is compiled, kept on the machine
+    and named in `misses` (what preflight prints for a stale shipped config); a refresh writes it to the shipped
+    folder and records the keys it used. CPU stands in for the TPU platform here (`shipped_platforms`)."""
+    devices = jax.devices("cpu")
+    shipped, kept = tmp_path / "shipped", tmp_path / "kept"
+    store = FigureStore(shipped=shipped, kept=kept, shipped_platforms=("cpu",))
+    piece = lowered(64)
+    figures = store.figures(piece, devices, "2 layers: accumulate")
+    assert piece.compiles == 1 and store.misses == ["2 layers: accumulate"] and not store.used
+    assert not shipped.exists() and len(list(kept.glob("*.json"))) == 1  # a plain preflight never writes shipped
+
+    refresh = FigureStore(shipped=shipped, kept=kept, refresh=True, shipped_platforms=("cpu",))
+    again = lowered(64)
+    assert refresh.figures(again, devices, "2 layers: accumulate") == figures and again.compiles == 0  # from kept
+    [entry] = shipped.glob("*.json")
+    assert refresh.used == {entry.stem} and json.loads(entry.read_text())["piece"] == "2 layers: accumulate"
+
+    fresh = FigureStore(shipped=shipped, kept=tmp_path / "empty", shipped_platforms=("cpu",))  # a new machine
+    third = lowered(64)
+    assert fresh.figures(third, devices, "x") == figures and third.compiles == 0 and not fresh.misses
+    changed = lowered(96)  # the step changed: its program is not shipped
+    fresh.figures(changed, devices, "3 layers: apply")
+    assert changed.compiles == 1 and fresh.misses == ["3 layers: apply"]
+
+
+def test_other_platforms_never_read_or_write_the_shipped_figures(tmp_path):
+    """Only TPU pieces ship (a CPU compile is for the host it runs on): a CPU piece goes to the machine's folder."""
+    store = FigureStore(shipped=tmp_path / "shipped", kept=tmp_path / "kept", refresh=True)
+    store.figures(lowered(64), jax.devices("cpu"), "cpu piece")
+    assert not (tmp_path / "shipped").exists() and not store.misses and len(list((tmp_path / "kept").glob("*"))) == 1
+
+
+def test_the_shipped_figures_are_whole_entries():
+    """Every committed entry parses and names its piece (a refresh writes them; a hand edit that breaks one would
+    silently make a fresh machine compile it)."""
+    entries = sorted(SHIPPED.glob("*.json"))
+    assert entries, f"no shipped figures in {SHIPPED}: run `aha preflight --refresh-figures`"
+    for path in entries:
+        entry = json.loads(path.read_text())
+        assert set(entry) == {"piece", "memory", "cost"} and set(entry["memory"]) == set(MEMORY_FIELDS), path
+        assert len(path.stem) == 64 and entry["piece"], path
