@@ -8,11 +8,12 @@
 # of every lane. Under CI (CI=true, as .ci/run sets it) a lane that collects no test fails (pytest's exit 5), and
 # so does any skip or xfail (tests/ci_strict.py); elsewhere exit 5 is a -k or -m that selected nothing in a lane.
 # Each lane's full log stays in AHA_LANE_LOGS (default: a temporary folder, removed when every lane passed).
-# AHA_TESTS names what the lanes run (default tests/; tests/unit/test_ci_strict.py runs a throwaway folder).
+# AHA_TESTS names what the lanes run, paths separated by spaces (default tests/; the quick tier names its few;
+# tests/unit/test_ci_strict.py runs a throwaway folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=(.venv/bin/python -m pytest)
-TESTS=${AHA_TESTS:-tests}
+read -ra TESTS <<< "${AHA_TESTS:-tests}"
 ci=0
 case "${CI:-}" in 1 | [Tt]rue | TRUE | [Yy]es) ci=1 ;; esac
 logs=${AHA_LANE_LOGS:-$(mktemp -d -t aha-lanes.XXXXXX)}
@@ -50,7 +51,7 @@ run_lane() {  # run_lane LANE NICENESS [pytest args]: in the background; killed 
   shift 2
   (
     trap 'kill "$child" 2>/dev/null' TERM
-    AHA_TEST_LANE=$lane nice -n "$nice" "${PYTEST[@]}" "$TESTS" "$@" >"$logs/$lane" 2>&1 &
+    AHA_TEST_LANE=$lane nice -n "$nice" "${PYTEST[@]}" "${TESTS[@]}" "$@" >"$logs/$lane" 2>&1 &
     child=$!
     set +e
     wait "$child"
@@ -62,7 +63,7 @@ run_lane() {  # run_lane LANE NICENESS [pytest args]: in the background; killed 
 run_lane live2 5 "$@"
 run_lane compile 10 "$@"
 set +e
-AHA_TEST_LANE=live "${PYTEST[@]}" "$TESTS" "$@" 2>&1 | tee "$logs/live"
+AHA_TEST_LANE=live "${PYTEST[@]}" "${TESTS[@]}" "$@" 2>&1 | tee "$logs/live"
 ended live "${PIPESTATUS[0]}"
 wait "${pids[@]}"
 set -e

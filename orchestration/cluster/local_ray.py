@@ -8,8 +8,9 @@ so the run ends with its last finished step unsaved, or saved only when the race
 their own, they take signals from the run alone, which ends them itself (`ray.shutdown`) once it has saved.
 
 Ray's launcher already does this on Windows (a new process group for each of its processes); on Linux it relies on
-kernel fate sharing (PR_SET_PDEATHSIG, set in its `preexec_fn`), which a new group keeps: a driver that is
-SIGKILLed still takes its cluster with it.
+kernel fate sharing (PR_SET_PDEATHSIG, set in its `preexec_fn`), which a new group keeps. That ends the GCS server and
+the raylet with a SIGKILLed driver, not always what they started (Ray's agents outlived `aha tinker`): a watcher ends
+the rest (orchestration/cluster/reaper.py).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import ray
 from ray._private import services  # Ray's process launcher: start_ray_process builds every process with ConsolePopen
 
 from common.pins import require_pinned
+from orchestration.cluster.reaper import watch_driver
 
 
 def start_local_ray(num_cpus: int, log_to_driver: bool = True) -> None:
-    """A new local cluster (never an existing one: address="local"), its processes in a process group of their own."""
+    """A new local cluster (never an existing one: address="local"), its processes in a process group of their own,
+    ended with the driver however it ends (orchestration/cluster/reaper.py)."""
+    watch_driver()
     with own_process_group():
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
 

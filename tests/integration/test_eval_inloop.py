@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MARK, marked_processes
+from conftest import MARK, assert_nothing_outlives, marked_processes
 from orchestration.metrics import read_metrics
 from test_train_e2e import TINY  # the shipped demo config shrunk to the tiny model; eval.every below turns eval on
 
@@ -115,6 +115,32 @@ def test_eval_stopped_by_sigterm_says_so_in_one_line_and_leaves_no_engine(run_di
     assert "Traceback" not in text, text[-3000:]
     assert not (run_dir / "eval-stopped" / "eval.json").exists()
     assert marked_processes(marker) == [], "eval left its engine running after SIGTERM"
+
+
+def test_eval_sigkilled_while_generating_leaves_nothing_running(run_dir):
+    """SIGKILL (no handler runs) while eval's engine generates: its Ray cluster and engine end with it, within
+    conftest's SIGKILL_CLEANUP_S (orchestration/cluster/reaper.py; fails on main at 98997ee only when Ray's own
+    fate sharing is slow, as it was for `aha tinker`: test_quick_e2e.py)."""
+    marker = f"eval-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {MARK: marker}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.eval", str(run_dir), "--limit", "6", "--k", "2",
+                             "--progress", "on", "--out", str(run_dir / "eval-killed")], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    err = b""
+    try:
+        deadline = time.monotonic() + 600
+        while b"base:" not in err and time.monotonic() < deadline:  # the progress bar: the engine is generating
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            err += chunk
+        assert b"base:" in err, f"eval never started generating:\n{err.decode()[-3000:]}"
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert_nothing_outlives(marker, "aha eval")
 
 
 def test_the_same_eval_twice_gives_the_same_samples_and_figures(run_dir):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MARK, marked_processes
+from conftest import MARK, assert_nothing_outlives, marked_processes
 from orchestration.config.files import load_config
 from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
@@ -264,9 +264,10 @@ def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
     serve_and_ask(run_dir)
 
 
-def serve_and_ask(run_dir: Path) -> None:
+def serve_and_ask(run_dir: Path, sig: int = signal.SIGTERM) -> None:
     """`python -m orchestration.cli.serve RUN_DIR` serves the run's adapter by name through the run's own engine, behind
-    an API key, for completions and chat completions."""
+    an API key, for completions and chat completions; stopped by `sig`, it leaves nothing running (SIGTERM: and says
+    so in its last line)."""
     import httpx
 
     marker = f"serve-{uuid.uuid4().hex}"
@@ -299,8 +300,12 @@ def serve_and_ask(run_dir: Path) -> None:
         assert reply.status_code == 200, reply.text
         assert reply.json()["model"] == "trained" and reply.json()["choices"][0]["message"]["role"] == "assistant"
     finally:
-        os.kill(proc.pid, signal.SIGTERM)  # serve alone: its engine runs in a process group of its own
+        os.kill(proc.pid, sig)  # serve alone: its engine runs in a process group of its own
         rest, _ = proc.communicate(timeout=120)
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+        assert_nothing_outlives(marker, "aha serve")
+        return
     assert proc.returncode == 128 + signal.SIGTERM, f"serve exited {proc.returncode} on SIGTERM:\n{rest[-3000:]}"
     assert rest.strip().splitlines()[-1].startswith("serve: stopped (interrupted by SIGTERM)"), rest[-3000:]
     assert marked_processes(marker) == [], "serve left its engine running after SIGTERM"

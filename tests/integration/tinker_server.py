@@ -41,13 +41,15 @@ class Server:
         return tinker.RestClient(base_url=self.base_url, api_key=self.api_key)
 
 
-def start(run_dir: Path, *overrides: str, api_key: str | None = None) -> Server:
-    """`aha tinker` on CONFIG with `overrides`, writing under `run_dir`; returns once it serves."""
+def start(run_dir: Path, *overrides: str, api_key: str | None = None, env: dict[str, str] | None = None) -> Server:
+    """`aha tinker` on CONFIG with `overrides`, writing under `run_dir` (`env`: added to its environment); returns
+    once it serves."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / f"server-{time.time_ns()}.log"
     info = run_dir / "tinker.json"
     info.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {"PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {"PYTHONUNBUFFERED": "1",
+                                                                                              **(env or {})}
     cmd = [sys.executable, "-m", "orchestration.cli", "tinker", "--config", str(CONFIG), "--run-dir", str(run_dir),
            "--port", "0", *(["--api-key", api_key] if api_key else []), *overrides]
     with log.open("w") as out:
