@@ -12,8 +12,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from orchestration.cluster.tpu_env import (BASE_PORT, HOST_CHIPS, TPU_INFERENCE_RULE, isolated_env, learner_envs,
-                                           share_bounds)
+from orchestration.cluster.tpu_env import (BASE_PORT, HOST_CHIPS, NO_CHIP_BOUNDS, isolated_env, learner_envs,
+                                           share_settings)
 from orchestration.cluster.tpu_probe import Row, devices_row, last_line, psum_row
 
 NOT_ON_TPU = "not on TPU"
@@ -28,16 +28,11 @@ def _on(host: dict, chips: int) -> dict:
             "scheduling_strategy": NodeAffinitySchedulingStrategy(host["id"], soft=False)}
 
 
-def candidates(generation: str | None, share: int) -> list[tuple[str, dict[str, str]]]:
-    """(setting, the chip variables beyond the process's own port/address) for half of a host."""
-    ours = share_bounds(generation, share)
-    out = [(f"aha: {ours or 'no chip bounds'}", {})]
-    theirs = TPU_INFERENCE_RULE.format(chips=share)
-    if theirs != ours:
-        out.append((f"tpu-inference: {theirs}", {"TPU_CHIPS_PER_PROCESS_BOUNDS": theirs,
-                                                "TPU_CHIPS_PER_HOST_BOUNDS": theirs}))
-    out.append(("Ray alone: chips only", None))
-    return out
+def candidates(generation: str | None, share: int) -> list[tuple[str, str]]:
+    """(setting, chip bounds) for half of a host, in the order the run tries them (tpu_env.SHARE_RULES), then Ray's
+    chips alone."""
+    out = [(f"aha {i + 1}: {b}", b) for i, b in enumerate(share_settings(generation or "v5e", share))]
+    return out + [("Ray alone: chips only", NO_CHIP_BOUNDS)]
 
 
 def device_rows(hosts: list[dict], generation: str | None, timeout_s: float) -> list[Row]:
@@ -52,8 +47,7 @@ def device_rows(hosts: list[dict], generation: str | None, timeout_s: float) -> 
                         f"aha: {whole.get('TPU_CHIPS_PER_PROCESS_BOUNDS', 'no chip bounds')}", [whole],
                         [_on(host, chips)], chips, timeout_s)[0]]
     for name, override in candidates(generation, share):
-        envs = [{} if override is None else isolated_env(share, BASE_PORT + i, generation) | override
-                for i in range(2)]
+        envs = [isolated_env(share, BASE_PORT + i, generation, chips, override) for i in range(2)]
         rows.append(devices_row(f"devices: 2 processes x {share} chips", name, envs, [_on(host, share)] * 2, share,
                                 timeout_s)[0])
     return rows
