@@ -76,8 +76,9 @@ SHARE_RULES = {
                              "test_multiprocess.py:243; the GKE TPU device plugin's getChipsPerDim(2)"),
     4: ShareRule(("1,4,1", "2,2,1"),
                  "first 1,4,1, what runs on the chips: tpu-inference's two-process v6e-8 example and its production "
-                 "isolation (tpu_inference/worker/tpu_worker.py:298-305 `1,n,1`; its hardware note records "
-                 "bounds=2,2,1 on chips 0-3 as an error and 1,4,1 as working), and for v5e Google's tunix: "
+                 "isolation (tpu_inference/worker/tpu_worker.py:298-305 `1,n,1`), vLLM's "
+                 "examples/offline_inference/data_parallel_tpu.py (two 4-chip ranks of 8 chips), and for v5e "
+                 "Google's tunix: "
                  "scripts/get_sorted_tpu_ids.py (\"TPU_CHIPS_PER_PROCESS_BOUNDS=1,4,1 ... applies to single-host "
                  "slices such as v5e-8 and v6e-8\") and tunix/experimental/examples/math_gsm8k_dist/README.md (a "
                  "converging GRPO run on a v5e-8 with its trainer on chips 0-3 at TRAINER_CHIP_BOUNDS=1,4,1); then "

@@ -142,7 +142,7 @@ GENERATIONS = {"v4": TpuVersion.v4, "v5p": TpuVersion.v5p, "v5e": TpuVersion.v5e
 
 TPU_INFERENCE_HALF = "1,4,1"
 """tpu-inference's bounds for a process on 4 chips of an 8-chip host (tpu_worker.py:298-305 `1,n,1`; its two-process
-v6e-8 example runs each half at 1,4,1, and its hardware note records 2,2,1 on chips 0-3 failing); Google's tunix runs
+example runs each half of an 8-chip host at 1,4,1); Google's tunix runs
 GRPO's trainer on chips 0-3 of a v5e-8 at 1,4,1 (tunix/experimental/examples/math_gsm8k_dist/README.md,
 scripts/get_sorted_tpu_ids.py: "applies to single-host slices such as v5e-8 and v6e-8")."""
 
@@ -150,7 +150,7 @@ scripts/get_sorted_tpu_ids.py: "applies to single-host slices such as v5e-8 and 
 @pytest.mark.parametrize("generation", sorted(GENERATIONS))
 def test_a_split_hosts_chip_bounds_put_what_ran_on_hardware_first(generation):
     """Fails on main at 98997ee: half of a v5e-8 or v6e-8 got 2,2,1 there (jax's tables, which jax itself skips on
-    Cloud v5e), the setting tpu-inference's hardware run records as an error. A half now tries 1,4,1 first and jax's
+    Cloud v5e), never seen running on such a half. A half now tries 1,4,1 (what upstream runs) first and jax's
     2,2,1 second; shares of 1 and 2 chips are jax's and Ray's single bound, on every generation."""
     host = tpu_env.HOST_CHIPS[generation]
     version = GENERATIONS[generation]
