@@ -78,19 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     from orchestration.cluster.tpu_probe import Row
 
     t0 = time.monotonic()
+    rows: list[Row] = []
     connect(args.address)
     try:
         hosts = tpu_hosts()
         generation = args.generation or next((h["generation"] for h in hosts if h["generation"]), None)
         print(f"aha tpu-check: {len(hosts)} TPU host(s) ({', '.join(str(h['chips']) for h in hosts) or 'none'} "
               f"chips), generation {generation or 'unknown'}", file=sys.stderr)
-        rows: list[Row] = []
         for step in (lambda: device_rows(hosts, generation, args.timeout_s),
                      lambda: [engine_row(hosts, generation, args.model, args.timeout_s)],
                      lambda: slice_rows(hosts, generation, args.timeout_s)):
             for row in step():
                 rows.append(row)
                 print(f"  {row.check} | {row.setting}: {row.result}", file=sys.stderr, flush=True)
+    except RuntimeError as err:  # a probe that would not exit: the next row would start on chips still held
+        print(table(rows) if rows else "", f"\ntpu-check: stopped: {err}", sep="")
+        return 1
     finally:
         ray.shutdown()
     print(table(rows))

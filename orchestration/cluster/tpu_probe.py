@@ -88,9 +88,17 @@ class Probe:
         return float(np.asarray(total.addressable_data(0))[0])
 
 
+_WHERE: dict = {}
+"""A started probe's actor id -> its first call, `where` (answered before anything imports JAX, so a probe stuck in
+libtpu's start can still be found and waited for)."""
+
+
 def start_probes(envs: list[dict[str, str]], options: list[dict]) -> list:
     """One probe per (env, Ray options); each env reaches its process before JAX is imported."""
-    return [Probe.options(**opts, runtime_env={"env_vars": env}).remote() for env, opts in zip(envs, options)]
+    probes = [Probe.options(**opts, runtime_env={"env_vars": env}).remote() for env, opts in zip(envs, options)]
+    for probe in probes:
+        _WHERE[probe._actor_id] = probe.where.remote()
+    return probes
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -111,9 +119,9 @@ def stop(probes: list, timeout_s: float = 60.0) -> None:
     where = []
     for probe in probes:
         try:
-            where.append(ray.get(probe.where.remote(), timeout=5))
-        except (ray.exceptions.RayError, TimeoutError):
-            where.append(None)  # already dead, or stuck in libtpu: ray.kill ends it; its node is then unknown
+            where.append(ray.get(_WHERE.pop(probe._actor_id), timeout=5))
+        except (ray.exceptions.RayError, TimeoutError, KeyError):
+            where.append(None)  # never started (no process to wait for)
         ray.kill(probe, no_restart=True)
     waits = [_wait_exit.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
         pid, timeout_s) for node, pid in filter(None, where)]
