@@ -45,12 +45,12 @@ def tpu_inference_dp_isolation(chips_per_rank: int, dp_rank: int) -> dict[str, s
 @pytest.mark.parametrize("slot", [0, 3])
 def test_isolated_process_has_tpu_inferences_own_isolation_variables(chips, slot):
     """Port, address, process bounds and task id as tpu-inference isolates a runtime; the chip bounds of a share
-    are tested against jax's tables (tests/unit/test_tpu_layout.py), and agree with tpu-inference's for 1 and 2."""
+    are tested in tests/unit/test_tpu_layout.py, and agree with tpu-inference's `1,n,1` for 1, 2 and 4 chips."""
     env = isolated_env(chips, tpu_env.BASE_PORT + slot, "v5e")
     theirs = tpu_inference_dp_isolation(chips, slot)
     chip_bounds = theirs.pop("TPU_CHIPS_PER_PROCESS_BOUNDS")
     assert {k: env[k] for k in theirs} == theirs
-    if chips in (1, 2):
+    if chips in (1, 2, 4):
         assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == chip_bounds
 
 

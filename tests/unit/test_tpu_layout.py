@@ -1,6 +1,7 @@
 """A multi-host learner's process grid from its hosts' chip coordinates, and a split host's chip bounds, against
 the pinned upstream code: Ray 2.60.0's own test coordinates and worker tables, and jax 0.12.0.1's multi-process
-TPU tables (`_get_tpu_bounds`, jax/_src/test_multiprocess.py:189-288), both installed here.
+TPU tables (`_get_tpu_bounds`, jax/_src/test_multiprocess.py:189-288), both installed here; a half of an 8-chip
+host tries what upstream runs on chips (1,4,1) before jax's table.
 
 What is asserted is which processes are neighbours along which axis (what libtpu builds its ICI links from), read
 back from each process's TPU_PROCESS_BOUNDS and CLOUD_TPU_TASK_ID in libtpu's numbering (x fastest), never that two
