@@ -54,6 +54,7 @@ LANES = {
         "tests/integration/test_multiturn.py",
         "tests/integration/test_tpu_envs.py",
         "tests/integration/test_tpu_placement.py",
+        "tests/integration/test_tpu_check_fake_tpu.py",
         "tests/integration/test_learner_actor.py",
         "tests/integration/test_resume_missing_checkpoint.py",
         "tests/integration/test_run_storage.py",

@@ -21,6 +21,7 @@ from orchestration.cluster.placement import bundle_hosts, host_chip_coords, rese
 from common.model_cache import cache_dir
 from orchestration.cluster.resources import check_cluster_fits
 from orchestration.cluster.tpu_env import engine_envs, generation_of, learner_envs
+from orchestration.cluster.tpu_settle import settle_chip_bounds
 from rollout.config import RolloutConfig
 from rollout.server_process import LOOPBACK
 
@@ -42,21 +43,46 @@ def learner_runtime_env(cfg: RunConfig) -> dict | None:
     return {"env_vars": env} if env else None
 
 
-def learner_process_env(cfg: RunConfig, placement) -> list[dict[str, str]]:
+def learner_process_env(cfg: RunConfig, placement, chip_bounds: str | None = None,
+                        host_chips: int | None = None) -> list[dict[str, str]]:
     """Each learner process's TPU variables (empty off TPU), over the hosts `placement` gave it and their chips'
-    coordinates; learner.env wins."""
+    coordinates; learner.env wins. `chip_bounds`, `host_chips`: a one-host learner's settled bounds and its host's
+    chips (`settled_chip_bounds`, `tpu_host_chips`)."""
     tpu = cfg.learner.resources.tpu
     hosts = bundle_hosts(placement) if placement is not None else None
     chips = host_chip_coords(placement) if placement is not None and tpu else None
-    envs = learner_envs(cfg.learner.topology, cfg.learner.hosts, tpu, hosts, chips)
+    envs = learner_envs(cfg.learner.topology, cfg.learner.hosts, tpu, hosts, chips, host_chips, chip_bounds)
     return [env | cfg.learner.env for env in envs]
 
 
-def engine_replica_env(cfg: RunConfig) -> list[dict[str, str]]:
+def engine_replica_env(cfg: RunConfig, chip_bounds: str | None = None,
+                       host_chips: int | None = None) -> list[dict[str, str]]:
     """Each engine replica's TPU variables (empty off TPU); its server actor and so its engine process get them.
     The generation (whose hosts' size decides what is a whole host) is the learner's: a run is on one kind of TPU."""
     return engine_envs(cfg.rollout.replicas, cfg.rollout.resources.tpu, cfg.learner.hosts,
-                       generation_of(cfg.learner.topology))
+                       generation_of(cfg.learner.topology), host_chips, chip_bounds)
+
+
+def tpu_host_chips() -> int | None:
+    """The chips of this cluster's TPU hosts (Ray's `TPU` resource of its nodes), None without TPU nodes."""
+    sizes = {int(n["Resources"].get("TPU", 0)) for n in ray.nodes() if n.get("Alive")} - {0}
+    return max(sizes) if sizes else None
+
+
+_SETTLED: dict[tuple, str | None] = {}
+"""(generation, chips, host chips) -> the chip bounds whose first psum worked, once per driver."""
+
+
+def settled_chip_bounds(cfg: RunConfig, chips: float, options: dict, env: dict[str, str]) -> str | None:
+    """The chip bounds for a process on `chips` of a TPU host of this cluster (orchestration/cluster/tpu_settle.py):
+    None off TPU, when there is one setting only, or when `env` (learner.env / rollout.backend.env) sets them."""
+    host = tpu_host_chips()
+    if not chips or host is None or "TPU_CHIPS_PER_PROCESS_BOUNDS" in env:
+        return None
+    key = (generation_of(cfg.learner.topology), int(chips), host)
+    if key not in _SETTLED:
+        _SETTLED[key] = settle_chip_bounds(*key, options)
+    return _SETTLED[key]
 
 
 def connect(cfg: RunConfig) -> bool:
@@ -106,8 +132,11 @@ def start_learner(cfg: RunConfig, checkpoint_dir: str):
     options = cfg.learner.resources.ray_options()
     if runtime_env := learner_runtime_env(cfg):
         options["runtime_env"] = runtime_env
+    bounds = settled_chip_bounds(cfg, cfg.learner.resources.tpu, cfg.learner.resources.ray_options(),
+                                 cfg.learner.env) if cfg.learner.hosts == 1 else None
+    process_env = learner_process_env(cfg, placement, bounds, tpu_host_chips())
     return LearnerHandle.start(part_config(cfg.learner, LearnerConfig), cfg.model.resolved_path, checkpoint_dir,
-                               options, placement=placement, process_env=learner_process_env(cfg, placement))
+                               options, placement=placement, process_env=process_env)
 
 
 def with_run_key(rollout: RolloutConfig) -> RolloutConfig:
@@ -128,9 +157,14 @@ def start_rollout(cfg: RunConfig):
     every engine answers /health."""
     from rollout.fleet import setup_rollout
 
+    # Before the engines' chips are reserved: a probe of the bounds needs them (one share of the learner's size was
+    # settled already, with the learner's own chips).
+    bounds = settled_chip_bounds(cfg, cfg.rollout.resources.tpu, cfg.rollout.resources.ray_options(),
+                                 cfg.rollout.backend.env)
     placement = reserve_engines(cfg)
+    replica_env = engine_replica_env(cfg, bounds, tpu_host_chips())
     rollout = setup_rollout(with_run_key(part_config(cfg.rollout, RolloutConfig)), cfg.model.resolved_path, placement,
-                            cfg.rollout.resources.ray_options(), replica_env=engine_replica_env(cfg))
+                            cfg.rollout.resources.ray_options(), replica_env=replica_env)
     base_url = rollout.start()
     log.info("rollout server (%s, %d replica(s)) ready at %s", cfg.rollout.backend.kind, cfg.rollout.replicas,
              base_url)

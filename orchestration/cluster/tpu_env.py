@@ -10,14 +10,19 @@ process therefore starts with one of two environments:
   runs as one process (tpu-inference 0.32.0's rule for runtimes that share a host, tpu_worker.py:298-305
   `_setup_dp_chip_isolation`, and for a host of a multi-host slice run as its own cluster, tpu_worker.py:72-89):
   process bounds 1,1,1, its own port, itself as the only address, task 0. Its chip bounds are those of its share
-  of the host (`share_bounds`, one rule per generation with its source), and none at all when it holds the whole
-  host: libtpu's own description of the host is then the right one (jax 0.12.0.1 describes a whole v5e-8 as
-  4,2,1 and a whole v6e-8 as 2,4,1, jax/_src/test_multiprocess.py:259, 286; a bound of 1,8,1 matches neither).
+  of the host (`SHARE_RULES`: the settings tried in order, each with its source; the run keeps the first whose
+  psum works, orchestration/cluster/tpu_settle.py), and none at all when it holds a whole single-host VM: libtpu's
+  own description of the host is then the right one (jax 0.12.0.1 describes a whole v5e-8 as 4,2,1 and a whole
+  v6e-8 as 2,4,1, jax/_src/test_multiprocess.py:259, 286; a bound of 1,8,1 matches neither). A whole 4-chip host
+  of a multi-host slice (a v5e-16 engine) gets the GKE TPU device plugin's one-host variables instead
+  (orchestration/cluster/tpu_gke.py), so its libtpu does not read the 4-host slice from the VM's metadata.
   The chips themselves stay Ray's `TPU_VISIBLE_CHIPS`.
 - `subslice_env`: a process of a learner that spans the hosts of a sub-slice (`learner.hosts > 1`): the grid of
   processes, each host's block of chips, every member's address in task order and its own task id, all from the
   hosts' chip coordinates (orchestration/cluster/tpu_layout.py), the variables jax sets for a multi-process TPU
-  cluster (jax/_src/test_multiprocess.py:404-409).
+  cluster (jax/_src/test_multiprocess.py:404-409), and the GKE plugin's for the sub-slice those coordinates span
+  (`TPU_SKIP_MDS_QUERY`, `TPU_TOPOLOGY`, `TPU_ACCELERATOR_TYPE`, `TPU_WORKER_HOSTNAMES`, `TPU_WORKER_ID`, host
+  bounds; tpu_gke.py): without them libtpu reads the whole slice from the VM's metadata.
 
 Ports: each TPU process of a run gets its own, `BASE_PORT + slot` (learner processes take the first slots, engine
 replicas the next), so two processes that share a host never share one; likewise its own libtpu runtime-metrics
@@ -32,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestration.cluster.tpu_gke import slice_env
 from orchestration.cluster.tpu_layout import SliceLayout, layout
 
 BASE_PORT = 8476
@@ -56,26 +62,36 @@ taken to have 8-chip hosts."""
 
 @dataclass(frozen=True)
 class ShareRule:
-    """The chip bounds of a process holding part of a host, and where upstream states them."""
+    """The chip bounds of a process holding part of a host, in the order they are tried, and where upstream states
+    each."""
 
-    bounds: str
+    settings: tuple[str, ...]
     source: str
 
 
 SHARE_RULES = {
-    1: ShareRule("1,1,1", "ray 2.60.0 ray/_private/accelerators/tpu.py:52 TPU_CHIPS_PER_HOST_BOUNDS_1_CHIP_CONFIG; "
-                          "jax 0.12.0.1 jax/_src/test_multiprocess.py:241, 282 (1 chip per process, every generation)"),
-    2: ShareRule("1,2,1", "ray 2.60.0 tpu.py:53 TPU_CHIPS_PER_HOST_BOUNDS_2_CHIP_CONFIG; jax 0.12.0.1 "
-                          "test_multiprocess.py:243 (2 chips per process of a 2x2x1 host: v4, v5p, v5e, v6e)"),
-    4: ShareRule("2,2,1", "jax 0.12.0.1 jax/_src/test_multiprocess.py:284 (v5e: an 8-chip 4x2x1 host, 4 chips per "
-                          "process) and :257 (v6e: an 8-chip 2x4x1 host, 4 chips per process)"),
+    1: ShareRule(("1,1,1",), "ray 2.60.0 ray/_private/accelerators/tpu.py:52 TPU_CHIPS_PER_HOST_BOUNDS_1_CHIP_CONFIG; "
+                             "jax 0.12.0.1 jax/_src/test_multiprocess.py:241, 282 (1 chip per process, every generation)"),
+    2: ShareRule(("1,2,1",), "ray 2.60.0 tpu.py:53 TPU_CHIPS_PER_HOST_BOUNDS_2_CHIP_CONFIG; jax 0.12.0.1 "
+                             "test_multiprocess.py:243; the GKE TPU device plugin's getChipsPerDim(2)"),
+    4: ShareRule(("1,4,1", "2,2,1"),
+                 "first 1,4,1, what runs on the chips: tpu-inference's two-process v6e-8 example and its production "
+                 "isolation (tpu_inference/worker/tpu_worker.py:298-305 `1,n,1`), vLLM's "
+                 "examples/offline_inference/data_parallel_tpu.py (two 4-chip ranks of 8 chips), and for v5e "
+                 "Google's tunix: "
+                 "scripts/get_sorted_tpu_ids.py (\"TPU_CHIPS_PER_PROCESS_BOUNDS=1,4,1 ... applies to single-host "
+                 "slices such as v5e-8 and v6e-8\") and tunix/experimental/examples/math_gsm8k_dist/README.md (a "
+                 "converging GRPO run on a v5e-8 with its trainer on chips 0-3 at TRAINER_CHIP_BOUNDS=1,4,1); then "
+                 "2,2,1, jax 0.12.0.1's tables (test_multiprocess.py:257, 284; jax skips them on Cloud v5e) and the "
+                 "GKE plugin's getChipsPerDim(4), neither seen working on half of an 8-chip host"),
 }
 """Chip bounds of a share of one host, by its chip count. The same for every generation that has such a share: a
 v4 or v5p host has 4 chips (2x2x1), so its shares are 1 or 2 chips; a v5e or v6e host has 8 and also 4-chip halves.
-tpu-inference 0.32.0 instead gives a share of n chips `1,n,1` (tpu_worker.py:298-305), a rule written for v6e;
-which of the two libtpu accepts for a 4-chip half is what `aha tpu-check` asks the chips."""
-TPU_INFERENCE_RULE = "1,{chips},1"
-"""tpu-inference 0.32.0's bounds of a share (tpu_worker.py:301), the other candidate tpu-check tries."""
+The run and `aha tpu-check` try a half's settings in this order (then Ray's chips alone) and say which worked."""
+NO_CHIP_BOUNDS = ""
+"""A `chip_bounds` value: only Ray's TPU_VISIBLE_CHIPS, libtpu derives the rest (the last thing tried)."""
+AXES = {"v4": 3, "v5p": 3}
+"""Axes of a generation's topology names (v4 and v5p are 3-D tori; v5e and v6e 2-D)."""
 
 
 @dataclass(frozen=True)
@@ -144,11 +160,22 @@ def bounds(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in (*values, 1, 1, 1)[:3])
 
 
-def share_bounds(generation: str | None, chips: int) -> str | None:
-    """Chip bounds of a process holding `chips` of one host of `generation`; None for the whole host."""
-    if chips >= HOST_CHIPS.get(generation or "", 8):
-        return None
-    return SHARE_RULES[chips].bounds
+def host_size(generation: str | None, multi_host: bool = False) -> int:
+    """Chips of one host: 4 on a host of a multi-host slice, else the generation's largest host."""
+    return CHIPS_PER_HOST_MULTIHOST if multi_host else HOST_CHIPS.get(generation or "", 8)
+
+
+def share_settings(generation: str | None, chips: int, host_chips: int | None = None) -> list[str]:
+    """The chip bounds to try, in order, for a process holding `chips` of a host of `host_chips` (default: the
+    generation's largest host); [] for the whole host."""
+    if chips >= (host_chips or host_size(generation)):
+        return []
+    return list(SHARE_RULES[chips].settings)
+
+
+def share_bounds(generation: str | None, chips: int, host_chips: int | None = None) -> str | None:
+    """The first chip bounds for a process holding `chips` of one host; None for the whole host."""
+    return next(iter(share_settings(generation, chips, host_chips)), None)
 
 
 def metrics_port(port: int) -> int:
@@ -156,8 +183,15 @@ def metrics_port(port: int) -> int:
     return METRICS_BASE_PORT + port - BASE_PORT
 
 
-def isolated_env(chips: int, port: int, generation: str | None = None) -> dict[str, str]:
-    """A process that is its own one-host libtpu cluster over `chips` of its host's chips."""
+def isolated_env(chips: int, port: int, generation: str | None = None, host_chips: int | None = None,
+                 chip_bounds: str | None = None) -> dict[str, str]:
+    """A process that is its own one-host libtpu cluster over `chips` of its host's `host_chips` chips.
+
+    `chip_bounds`: None for the first of `share_settings`, NO_CHIP_BOUNDS for Ray's chips alone, or a setting to
+    use (one that worked, `aha tpu-check` or the run's first psum). A process holding a whole 4-chip host of a slice
+    also gets the GKE plugin's one-host variables (orchestration/cluster/tpu_gke.py): without them its libtpu would
+    read the whole slice from the VM's metadata and wait for the other hosts.
+    """
     env = {
         "TPU_PROCESS_BOUNDS": "1,1,1",
         "TPU_PROCESS_PORT": str(port),
@@ -168,23 +202,41 @@ def isolated_env(chips: int, port: int, generation: str | None = None) -> dict[s
         # stale value of its can disagree with ours.
         "TPU_HOST_BOUNDS": "1,1,1",
     }
-    if (chip_bounds := share_bounds(generation, chips)) is not None:
+    host = host_chips or host_size(generation)
+    if chips >= host:
+        if host != CHIPS_PER_HOST_MULTIHOST or generation is None:
+            return env  # a whole single-host VM: libtpu's own description of it is right (and its metadata is)
+        axes = AXES.get(generation, 2)
+        block = HOST_BLOCK[axes]
+        env |= slice_env(generation, block, block, axes, 0, ["localhost"])
+        chip_bounds = env["TPU_CHIPS_PER_HOST_BOUNDS"]
+    elif chip_bounds is None:
+        chip_bounds = share_bounds(generation, chips, host)
+    if chip_bounds:
         env |= {"TPU_CHIPS_PER_PROCESS_BOUNDS": chip_bounds, "TPU_CHIPS_PER_HOST_BOUNDS": chip_bounds}
     return env
 
 
-def subslice_env(hosts: SliceLayout, process: int, addresses: list[str]) -> dict[str, str]:
-    """Process `process` of a learner over the hosts of `hosts`; `addresses[i]` is process i's "ip:port"."""
+def subslice_env(hosts: SliceLayout, process: int, addresses: list[str], generation: str | None = None
+                 ) -> dict[str, str]:
+    """Process `process` of a learner over the hosts of `hosts`; `addresses[i]` is process i's "ip:port". With the
+    generation known, also the GKE plugin's variables for the sub-slice (tpu_gke.py), from the same coordinates."""
     if len(addresses) != len(hosts.places):
         raise ValueError(f"{len(hosts.places)} learner hosts were placed but {len(addresses)} addresses given")
-    ordered = ",".join(addresses[i] for i in hosts.in_task_order())
+    ordered = [addresses[i] for i in hosts.in_task_order()]
     port = int(addresses[process].rsplit(":", 1)[1])
-    return {
+    env = {}
+    if generation is not None:
+        axes = AXES.get(generation, 2)
+        dims = tuple(g * b for g, b in zip(hosts.grid, hosts.block))[:axes]
+        env = slice_env(generation, dims, hosts.block, axes, hosts.task_ids[process],
+                        [a.rsplit(":", 1)[0] for a in ordered])
+    return env | {
         "TPU_CHIPS_PER_PROCESS_BOUNDS": bounds(hosts.block),
         "TPU_PROCESS_BOUNDS": bounds(hosts.grid),
         "TPU_PROCESS_PORT": str(port),
         "TPU_RUNTIME_METRICS_PORTS": str(metrics_port(port)),
-        "TPU_PROCESS_ADDRESSES": ordered,
+        "TPU_PROCESS_ADDRESSES": ",".join(ordered),
         "CLOUD_TPU_TASK_ID": str(hosts.task_ids[process]),
         "TPU_CHIPS_PER_HOST_BOUNDS": bounds(hosts.block),
         "TPU_HOST_BOUNDS": bounds(hosts.grid),
@@ -192,16 +244,18 @@ def subslice_env(hosts: SliceLayout, process: int, addresses: list[str]) -> dict
 
 
 def learner_envs(topology: str, hosts: int, chips: float, host_ips: list[str] | None = None,
-                 host_chips: list | None = None) -> list[dict[str, str]]:
+                 host_chips: list | None = None, host_size_chips: int | None = None,
+                 chip_bounds: str | None = None) -> list[dict[str, str]]:
     """The TPU environment of each learner process ({} each when the learner has no TPU chips).
 
     With hosts > 1: `host_ips[i]` and `host_chips[i]` are the node address and the chip coordinates of process i's
-    placement bundle (orchestration/cluster/placement.py reads them).
+    placement bundle (orchestration/cluster/placement.py reads them). With one host: `host_size_chips` is the chips
+    of its host when known (Ray's `TPU` resource of the node), `chip_bounds` as for `isolated_env`.
     """
     if not chips:
         return [{} for _ in range(hosts)]
     if hosts == 1:
-        return [isolated_env(int(chips), BASE_PORT, generation_of(topology))]
+        return [isolated_env(int(chips), BASE_PORT, generation_of(topology), host_size_chips, chip_bounds)]
     if host_ips is None or host_chips is None or not len(host_ips) == len(host_chips) == hosts:
         raise ValueError(f"learner.hosts={hosts} on TPU needs one placed host (address and chip coordinates) per "
                          f"process (got {host_ips})")
@@ -211,11 +265,15 @@ def learner_envs(topology: str, hosts: int, chips: float, host_ips: list[str] | 
         raise ValueError(f"learner.topology {topology} has {named.chips} chips but the placed hosts hold "
                          f"{math.prod(grid.grid) * math.prod(grid.block)}")
     addresses = [f"{ip}:{BASE_PORT + i}" for i, ip in enumerate(host_ips)]
-    return [subslice_env(grid, i, addresses) for i in range(hosts)]
+    return [subslice_env(grid, i, addresses, generation_of(topology)) for i in range(hosts)]
 
 
-def engine_envs(replicas: int, chips: float, learner_hosts: int, generation: str | None = None) -> list[dict[str, str]]:
-    """The TPU environment of each engine replica's server actor (its engine process inherits it); {} off TPU."""
+def engine_envs(replicas: int, chips: float, learner_hosts: int, generation: str | None = None,
+                host_chips: int | None = None, chip_bounds: str | None = None) -> list[dict[str, str]]:
+    """The TPU environment of each engine replica's server actor (its engine process inherits it); {} off TPU.
+    Without `host_chips` known, a run whose learner spans hosts is on a multi-host slice of 4-chip hosts."""
     if not chips:
         return [{} for _ in range(replicas)]
-    return [isolated_env(int(chips), BASE_PORT + learner_hosts + i, generation) for i in range(replicas)]
+    host = host_chips or host_size(generation, learner_hosts > 1)
+    return [isolated_env(int(chips), BASE_PORT + learner_hosts + i, generation, host, chip_bounds)
+            for i in range(replicas)]

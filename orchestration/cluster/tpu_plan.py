@@ -14,8 +14,11 @@ from orchestration.cluster.tpu_env import Topology, engine_envs, generation_of, 
 from orchestration.cluster.tpu_layout import RAY_WORKER_DIMS_2D, RAY_WORKER_DIMS_3D, ray_worker_coords
 
 KEYS = ("TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "CLOUD_TPU_TASK_ID", "TPU_PROCESS_PORT",
-        "TPU_PROCESS_ADDRESSES", "TPU_RUNTIME_METRICS_PORTS")
-"""The variables shown (the older TPU_HOST_BOUNDS / TPU_CHIPS_PER_HOST_BOUNDS names always equal the first two)."""
+        "TPU_PROCESS_ADDRESSES", "TPU_RUNTIME_METRICS_PORTS", "TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE")
+"""The variables shown (the older TPU_HOST_BOUNDS / TPU_CHIPS_PER_HOST_BOUNDS names always equal the first two;
+TPU_TOPOLOGY and TPU_ACCELERATOR_TYPE stand for the GKE plugin's variables, set with TPU_SKIP_MDS_QUERY and the
+worker list on a slice's hosts, orchestration/cluster/tpu_gke.py). A half host shows the first chip bounds the run
+tries (it keeps the first whose psum works, orchestration/cluster/tpu_settle.py)."""
 
 
 def planned_envs(cfg) -> list[tuple[str, dict[str, str]]]:

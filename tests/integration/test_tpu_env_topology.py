@@ -20,10 +20,13 @@ import pytest
 
 from orchestration.cli.preflight import libtpu_sidecar
 from orchestration.cluster.tpu_env import Topology, learner_envs
+from orchestration.cluster.tpu_layout import ray_worker_coords
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-TOPOLOGIES = ["v5e:2x4", "v5e:4x4", "v5e:4x8", "v6e:4x4", "v4:2x2x2", "v4:2x2x4"]
+TOPOLOGIES = ["v5e:2x4", "v5e:4x2", "v5e:4x4", "v5e:4x8", "v6e:4x2", "v6e:4x4", "v4:2x2x2", "v4:2x2x4"]
+"""v5e:4x2 / v6e:4x2: the sub-slice Ray's "2x4" places (two hosts side by side along x), which the v5e-16 learner
+gets and whose name the GKE variables carry; libtpu 0.0.50.1 describes it (2 processes of 2x2 chips along x)."""
 
 LAYOUT = """
 import json, sys
@@ -104,3 +107,26 @@ def test_ray_reads_libtpus_own_layout_only_for_square_2d_slices(layouts):
     assert ray_workers("v5e:4x4") == ray_workers("v6e:4x4") == [0, 1, 2, 3]
     assert ray_workers("v4:2x2x2") == [0, 0]
     assert ray_workers("v4:2x2x4") == [0, 0, None, None]
+
+
+def test_gke_variables_name_a_topology_libtpu_lays_out_as_the_hosts_are(layouts):
+    """The GKE plugin's variables each sub-slice process gets (TPU_TOPOLOGY, TPU_HOST_BOUNDS, TPU_CHIPS_PER_HOST_BOUNDS,
+    TPU_WORKER_ID; orchestration/cluster/tpu_gke.py) describe a slice libtpu itself lays out exactly as the placed
+    hosts' chips are: the named topology is one libtpu accepts, its processes hold the hosts' chips (moved to the
+    origin) and its process numbers are the worker ids. Checked for libtpu's own layouts and for the hosts Ray's "2x4"
+    sub-slice of a v5e-16 gives the learner of configs/countdown_qwen2.5-7b_tpu_v5e16.yaml (TPU_TOPOLOGY 4x2). Fails
+    on main at 98997ee: no process got TPU_TOPOLOGY there (KeyError), so libtpu read the 4-host slice's metadata."""
+    cases = [(name, [chips for _, chips in sorted(by_process(layouts[name]).items())][::-1]) for name in TOPOLOGIES]
+    cases.append(("v5e:2x4", [ray_worker_coords(w, "4x4") for w in (1, 0)]))  # the v5e-16 learner's, as Ray places it
+    for topology, hosts in cases:
+        generation = topology.split(":")[0]
+        envs = learner_envs(topology, len(hosts), 4, [f"10.0.0.{i}" for i in range(len(hosts))], hosts)
+        name = f"{generation}:{envs[0]['TPU_TOPOLOGY']}"
+        assert name in layouts, (topology, name)
+        libtpu = by_process(layouts[name])
+        low = [min(c[a] for h in hosts for c in h) for a in range(len(hosts[0][0]))]
+        for env, chips in zip(envs, hosts):
+            mine = {tuple(c[a] - low[a] for a in range(len(c))) for c in chips}
+            assert {tuple(c[:len(low)]) for c in libtpu[int(env["TPU_WORKER_ID"])]} == mine, (topology, env)
+            assert env["TPU_WORKER_ID"] == env["CLOUD_TPU_TASK_ID"] and env["TPU_SKIP_MDS_QUERY"] == "true"
+        assert (envs[0]["TPU_HOST_BOUNDS"], envs[0]["TPU_CHIPS_PER_HOST_BOUNDS"]) == bounds_from_layout(layouts[name])

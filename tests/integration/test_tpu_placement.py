@@ -138,8 +138,8 @@ def release(actors: list, *groups) -> None:
 
 def test_split_host_learner_and_engine_each_run_their_own_libtpu(tpu_cluster):
     """configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml on one v5e-8 host: the learner (4 chips) and vllm-tpu (4 chips)
-    get disjoint chips from Ray and each its own port, bounds and address (a half of a v5e-8: a 2x2 block, jax's
-    table); the engine process inherits its actor's and takes tpu-inference's LoRA-capable model path."""
+    get disjoint chips from Ray and each its own port, bounds and address (a half of a v5e-8: 1,4,1 first, what ran on
+    hardware; tests/unit/test_tpu_layout.py); the engine process inherits its actor's and takes tpu-inference's LoRA-capable model path."""
     cfg = load_config(V5E8)
     [learner], [engine] = learner_probes(cfg, None), engine_probes(cfg, None)
     try:
@@ -153,7 +153,7 @@ def test_split_host_learner_and_engine_each_run_their_own_libtpu(tpu_cluster):
     assert got_learner["TPU_PROCESS_PORT"] != got_engine["TPU_PROCESS_PORT"]
     for env in (got_learner, got_engine):
         assert (env["TPU_CHIPS_PER_PROCESS_BOUNDS"], env["TPU_PROCESS_BOUNDS"], env["CLOUD_TPU_TASK_ID"]) == \
-            ("2,2,1", "1,1,1", "0")
+            ("1,4,1", "1,1,1", "0")
         assert env["TPU_PROCESS_ADDRESSES"] == f"localhost:{env['TPU_PROCESS_PORT']}"
     assert engine_process == got_engine | {"MODEL_IMPL_TYPE": "vllm"}
 
@@ -213,6 +213,14 @@ def test_learner_takes_a_subslice_and_engines_other_chips(tpu_cluster):
     assert not set(engine_nodes) & set(learner_nodes)
     assert [e["TPU_PROCESS_PORT"] for e in engine_envs] == ["8478", "8479"]
     assert {e["TPU_PROCESS_BOUNDS"] for e in engine_envs} == {"1,1,1"}
+    # The GKE plugin's variables (orchestration/cluster/tpu_gke.py): the learner's for its 4x2 sub-slice (Ray's "2x4"),
+    # each engine's for its one whole host, so no libtpu reads the 4-host slice from the VM's metadata.
+    assert {(e["TPU_SKIP_MDS_QUERY"], e["TPU_TOPOLOGY"], e["TPU_ACCELERATOR_TYPE"], e["TPU_HOST_BOUNDS"])
+            for e in learner_envs} == {("true", "4x2", "v5litepod-8", "2,1,1")}
+    assert [e["TPU_WORKER_ID"] for e in learner_envs] == ["0", "1"]
+    assert {e["TPU_WORKER_HOSTNAMES"] for e in learner_envs} == {f"{ip},{ip}"}
+    assert {(e["TPU_SKIP_MDS_QUERY"], e["TPU_TOPOLOGY"], e["TPU_ACCELERATOR_TYPE"], e["TPU_WORKER_HOSTNAMES"])
+            for e in engine_envs} == {("true", "2x2", "v5litepod-4", "localhost")}
 
 
 def test_learner_on_a_whole_slice_takes_its_hosts(tpu_cluster):

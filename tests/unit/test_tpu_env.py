@@ -45,12 +45,12 @@ def tpu_inference_dp_isolation(chips_per_rank: int, dp_rank: int) -> dict[str, s
 @pytest.mark.parametrize("slot", [0, 3])
 def test_isolated_process_has_tpu_inferences_own_isolation_variables(chips, slot):
     """Port, address, process bounds and task id as tpu-inference isolates a runtime; the chip bounds of a share
-    are tested against jax's tables (tests/unit/test_tpu_layout.py), and agree with tpu-inference's for 1 and 2."""
+    are tested in tests/unit/test_tpu_layout.py, and agree with tpu-inference's `1,n,1` for 1, 2 and 4 chips."""
     env = isolated_env(chips, tpu_env.BASE_PORT + slot, "v5e")
     theirs = tpu_inference_dp_isolation(chips, slot)
     chip_bounds = theirs.pop("TPU_CHIPS_PER_PROCESS_BOUNDS")
     assert {k: env[k] for k in theirs} == theirs
-    if chips in (1, 2):
+    if chips in (1, 2, 4):
         assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == chip_bounds
 
 
@@ -142,13 +142,13 @@ def test_off_tpu_no_process_gets_tpu_variables():
 
 
 def test_the_split_host_config_gives_learner_and_engine_separate_runtimes():
-    """configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml: learner chips 0-3, vllm-tpu 4-7 of one host, each half a 2x2
-    block (jax's v5e table; tests/unit/test_tpu_layout.py)."""
+    """configs/countdown_qwen2.5-1.5b_tpu_v5e8.yaml: learner chips 0-3, vllm-tpu 4-7 of one host, each half at the
+    bounds that ran on hardware first (1,4,1; tests/unit/test_tpu_layout.py)."""
     cfg = load_config(V5E8)
     [learner], [engine] = learner_process_env(cfg, None), engine_replica_env(cfg)
     assert learner["TPU_PROCESS_PORT"] != engine["TPU_PROCESS_PORT"]
     for env in (learner, engine):
-        assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,2,1" and env["TPU_PROCESS_BOUNDS"] == "1,1,1"
+        assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,4,1" and env["TPU_PROCESS_BOUNDS"] == "1,1,1"
         assert env["TPU_PROCESS_ADDRESSES"] == f"localhost:{env['TPU_PROCESS_PORT']}"
 
 

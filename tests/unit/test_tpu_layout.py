@@ -1,6 +1,7 @@
 """A multi-host learner's process grid from its hosts' chip coordinates, and a split host's chip bounds, against
 the pinned upstream code: Ray 2.60.0's own test coordinates and worker tables, and jax 0.12.0.1's multi-process
-TPU tables (`_get_tpu_bounds`, jax/_src/test_multiprocess.py:189-288), both installed here.
+TPU tables (`_get_tpu_bounds`, jax/_src/test_multiprocess.py:189-288), both installed here; a half of an 8-chip
+host tries what upstream runs on chips (1,4,1) before jax's table.
 
 What is asserted is which processes are neighbours along which axis (what libtpu builds its ICI links from), read
 back from each process's TPU_PROCESS_BOUNDS and CLOUD_TPU_TASK_ID in libtpu's numbering (x fastest), never that two
@@ -18,7 +19,7 @@ from jax._src.test_multiprocess import _get_tpu_bounds
 from ray._private.accelerators import tpu as ray_tpu
 
 from orchestration.cluster import tpu_env
-from orchestration.cluster.tpu_env import isolated_env, learner_envs, share_bounds
+from orchestration.cluster.tpu_env import isolated_env, learner_envs, share_bounds, share_settings
 from orchestration.cluster.tpu_layout import (RAY_WORKER_DIMS_2D, RAY_WORKER_DIMS_3D, host_block, layout,
                                               neighbours, ray_worker_coords)
 
@@ -140,31 +141,45 @@ def test_jax_multiprocess_tables_neighbours_hold(version, chips, per_process):
 GENERATIONS = {"v4": TpuVersion.v4, "v5p": TpuVersion.v5p, "v5e": TpuVersion.v5e, "v6e": TpuVersion.v6e}
 
 
+TPU_INFERENCE_HALF = "1,4,1"
+"""tpu-inference's bounds for a process on 4 chips of an 8-chip host (tpu_worker.py:298-305 `1,n,1`; its two-process
+example runs each half of an 8-chip host at 1,4,1); Google's tunix runs
+GRPO's trainer on chips 0-3 of a v5e-8 at 1,4,1 (tunix/experimental/examples/math_gsm8k_dist/README.md,
+scripts/get_sorted_tpu_ids.py: "applies to single-host slices such as v5e-8 and v6e-8")."""
+
+
 @pytest.mark.parametrize("generation", sorted(GENERATIONS))
-def test_a_split_hosts_chip_bounds_are_jaxs_per_generation(generation):
-    """Fails on main at 85b20f9: every share there was 1,n,1 (tpu-inference's rule), a half of a v5e-8 or v6e-8
-    1,4,1 where jax 0.12's table has 2,2,1. Each share of a host gets jax's block for it, the host's own table where
-    jax has one (an 8-chip v5e or v6e for 1 and 4 chips), else a 2x2x1 host's (:239-245) and Ray's (1 and 2)."""
+def test_a_split_hosts_chip_bounds_put_what_ran_on_hardware_first(generation):
+    """Fails on main at 98997ee: half of a v5e-8 or v6e-8 got 2,2,1 there (jax's tables, which jax itself skips on
+    Cloud v5e), never seen running on such a half. A half now tries 1,4,1 (what upstream runs) first and jax's
+    2,2,1 second; shares of 1 and 2 chips are jax's and Ray's single bound, on every generation."""
     host = tpu_env.HOST_CHIPS[generation]
     version = GENERATIONS[generation]
     for chips in (c for c in tpu_env.VALID_CHIPS if c < host):
         try:
-            expected = _get_tpu_bounds(version, host, chips)[1]
+            jax_bounds = _get_tpu_bounds(version, host, chips)[1]
         except ValueError:  # jax has no table for this share of this host: a 2x2x1 host's
-            expected = _get_tpu_bounds(version, 4, chips)[1]
-        assert share_bounds(generation, chips) == expected, (generation, chips)
-        assert isolated_env(chips, tpu_env.BASE_PORT, generation)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == expected
+            jax_bounds = _get_tpu_bounds(version, 4, chips)[1]
+        expected = [TPU_INFERENCE_HALF, jax_bounds] if chips == 4 else [jax_bounds]
+        assert share_settings(generation, chips) == expected, (generation, chips)
+        assert isolated_env(chips, tpu_env.BASE_PORT, generation)["TPU_CHIPS_PER_PROCESS_BOUNDS"] == expected[0]
+        assert isolated_env(chips, tpu_env.BASE_PORT, generation, chip_bounds=expected[-1]
+                            )["TPU_CHIPS_PER_PROCESS_BOUNDS"] == expected[-1]
     assert share_bounds(generation, 1) == ray_tpu.TPU_CHIPS_PER_HOST_BOUNDS_1_CHIP_CONFIG
     assert share_bounds(generation, 2) == ray_tpu.TPU_CHIPS_PER_HOST_BOUNDS_2_CHIP_CONFIG
+    bare = isolated_env(2, tpu_env.BASE_PORT, generation, chip_bounds=tpu_env.NO_CHIP_BOUNDS)
+    assert "TPU_CHIPS_PER_PROCESS_BOUNDS" not in bare and "TPU_CHIPS_PER_HOST_BOUNDS" not in bare
 
 
-@pytest.mark.parametrize("generation,chips", [("v5e", 8), ("v6e", 8), ("v4", 4), ("v5p", 4)])
-def test_a_process_holding_a_whole_host_gets_no_chip_bounds(generation, chips):
+@pytest.mark.parametrize("generation,chips", [("v5e", 8), ("v6e", 8)])
+def test_a_process_holding_a_whole_single_host_vm_gets_no_chip_bounds(generation, chips):
     """Fails on main at 85b20f9: the Gemma learner (tpu: 8) got TPU_CHIPS_PER_PROCESS_BOUNDS=1,8,1 there, a shape
-    jax's table has for no host (a whole v5e-8 is 4,2,1, a v6e-8 2,4,1). A whole host keeps libtpu's own bounds and
-    is still a one-process cluster of its own (a host of a multi-host slice must not wait for the others)."""
+    jax's table has for no host (a whole v5e-8 is 4,2,1, a v6e-8 2,4,1). A whole single-host VM keeps libtpu's own
+    bounds (and its metadata, which describes just that host); it is still a one-process cluster of its own. A whole
+    4-chip host of a slice gets the GKE plugin's one-host variables instead (tests/unit/test_tpu_gke.py)."""
     env = isolated_env(chips, tpu_env.BASE_PORT, generation)
     assert "TPU_CHIPS_PER_PROCESS_BOUNDS" not in env and "TPU_CHIPS_PER_HOST_BOUNDS" not in env
+    assert "TPU_SKIP_MDS_QUERY" not in env
     assert env["TPU_PROCESS_BOUNDS"] == "1,1,1" and env["CLOUD_TPU_TASK_ID"] == "0"
 
 
