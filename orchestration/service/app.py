@@ -116,12 +116,12 @@ class TinkerApp:
         return web.json_response(body)
 
     def _future(self, kind: str, work: Callable[[], Awaitable[Outcome]], model_id: str | None = None,
-                seq_id: int | None = None, **extra: Any) -> web.Response:
+                seq_id: int | None = None, bounded: bool = True, **extra: Any) -> web.Response:
         key = (model_id, seq_id) if model_id is not None and seq_id is not None else None
         if key is not None and self._by_seq.get(key) in self.futures:  # a retried POST of an op already taken
             request_id = self._by_seq[key]
         else:
-            request_id = self.futures.submit(kind, work)
+            request_id = self.futures.submit(kind, work, bounded)
             if key is not None:
                 self._by_seq[key] = request_id
                 if len(self._by_seq) > 2 * len(self.futures) + 64:  # the futures forgot their jobs
@@ -143,7 +143,7 @@ class TinkerApp:
         return int(seq_id)
 
     def _sequenced(self, kind: str, m: TrainingModel, seq_id: int, work: Callable[[], Awaitable[Outcome]]):
-        return self._future(kind, lambda: m.sequencer.run(seq_id, work), m.model_id, seq_id)
+        return self._future(kind, lambda: m.sequencer.run(seq_id, work), m.model_id, seq_id, bounded=False)
 
     async def _read_capped(self, request: web.Request) -> tuple[bytes, int]:
         """The body and its size; past max_body only its first MiB is kept (the rest is read and dropped, so the
@@ -168,6 +168,7 @@ class TinkerApp:
         body = await request.json()
         if retried := self._retried(body):
             return retried
+        self.futures.check_room()  # before the client exists: a 429 makes the SDK send the same create again
         m = self.service.new_model(body["session_id"], int(body.get("model_seq_id", 0)), body.get("base_model"),
                                    body.get("lora_config") or {}, body.get("user_metadata"), first_seq=1)
         seed = (body.get("lora_config") or {}).get("seed")
@@ -223,6 +224,7 @@ class TinkerApp:
         # create_training_client_from_state: a new training client whose first operation is this load
         if retried := self._retried(body):
             return retried
+        self.futures.check_room()
         m = self.service.new_model(body["session_id"], int(body.get("model_seq_id", 0)), body.get("base_model"),
                                    None, body.get("user_metadata"), first_seq=1)
         return self._future("load_weights", lambda: self.service.load_state(m, path, optimizer), m.model_id, 0)

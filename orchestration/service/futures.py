@@ -55,8 +55,10 @@ class Job:
 class Futures:
     """request_id -> job; each job's work runs once, in the order the caller submits or sequences it.
 
-    At most `max_pending` jobs wait or run at once; a submit past that raises QueueFull (the route answers 429 and
-    the SDK resubmits with backoff), and a poll of a waiting job meanwhile says `paused_capacity`."""
+    Past `max_pending` jobs waiting or running a new bounded one raises QueueFull (the route answers 429 and the SDK
+    resubmits with backoff), and a poll of a waiting job meanwhile says `paused_capacity`. A training client's
+    sequenced ops are not bounded: one refused would hold up the client's later ops if the SDK stopped resending
+    it (it gives up after 5 minutes), and the client's own order already limits them."""
 
     def __init__(self, max_pending: int, keep_s: float = KEEP_S, uncollected_s: float = UNCOLLECTED_S) -> None:
         self.max_pending, self.keep_s, self.uncollected_s = max_pending, keep_s, uncollected_s
@@ -72,11 +74,16 @@ class Futures:
     def full(self) -> bool:
         return self._pending >= self.max_pending
 
-    def submit(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> str:
-        """Start `work` as a job; its request id. QueueFull when `max_pending` jobs are pending already."""
+    def check_room(self) -> None:
+        """QueueFull when `max_pending` jobs are pending already."""
         if self.full:
-            raise QueueFull(f"{self._pending} operations are pending on this server (service.max_pending_ops); "
-                            "retry later")
+            raise QueueFull(f"{self._pending} operations are pending on this server (api.max_pending_ops of its "
+                            "config); retry later")
+
+    def submit(self, kind: str, work: Callable[[], Awaitable[Outcome]], bounded: bool = True) -> str:
+        """Start `work` as a job; its request id. QueueFull when bounded and `max_pending` jobs are pending."""
+        if bounded:
+            self.check_room()
         request_id = f"{kind}-{uuid.uuid4().hex[:16]}"
         job = self._jobs[request_id] = Job(kind)
         self._pending += 1

@@ -44,8 +44,8 @@ def test_a_skipped_number_lets_the_next_op_run():
 
 
 def test_the_queue_has_a_depth_and_says_when_it_is_full():
-    """max_pending jobs at once; one more raises QueueFull (the route answers 429, the SDK resubmits); a job done
-    frees its place."""
+    """max_pending jobs at once; one more raises QueueFull (the route answers 429, the SDK resubmits) unless it is
+    a training client's sequenced op; a job done frees its place."""
 
     async def scenario():
         futures, gate = Futures(max_pending=2), asyncio.Event()
@@ -59,6 +59,8 @@ def test_the_queue_has_a_depth_and_says_when_it_is_full():
         assert futures.full and futures.pending == 2
         with pytest.raises(QueueFull, match="max_pending_ops"):
             futures.submit("sample", blocked)
+        futures.submit("optim_step", blocked, bounded=False)  # a client's sequenced op is never refused for depth
+        assert futures.pending == 3
         gate.set()
         assert (await futures.retrieve(first)).json == {}
         await asyncio.sleep(0)
