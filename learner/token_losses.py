@@ -8,7 +8,7 @@ the per-token advantages (the tinker-cookbook's "Loss functions in Tinker" page)
     cross_entropy        -(logp * weights)
     importance_sampling  -(exp(logp - lp) * A)
     ppo                  -min(r * A, clip(r, low, high) * A),      r = exp(logp - lp)
-    cispo                -(stop_gradient(clip(r, low, high)) * logp * A)
+    cispo                -(stop_gradient(clip(r, low, high)) * logp * A)   one-sided by default: low 0, high 4
     dro                  -(logp * A - beta / 2 * (logp - lp)^2)
 
 GRPO's own objective (learner/loss.py) is the learner's "grpo" loss; it reads a group batch, not these inputs.
@@ -44,13 +44,26 @@ GATE: dict[str, str | None] = {
 # loss -> its loss_fn_config keys and their defaults
 LOSS_DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-    "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    # tinker-cookbook's loss tutorial (tutorials/202_loss_functions.py): CISPO clips one side by default, the lower
+    # bound off and the coefficient capped at 4 (MiniMax-M1, ScaleRL)
+    "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
     "dro": {"beta": 0.05},
+}
+
+
+# losses the SDK's LossFnType lists that are not computed here, and why
+NOT_COMPUTED: dict[str, str] = {
+    "gspo": "its defaults (clip thresholds, the sequence_ratio_mask default) are not in the SDK or tinker-cookbook "
+            "source this server follows",
+    "stable_reinforce": "its definition is not in the SDK or tinker-cookbook source this server follows",
 }
 
 
 def loss_config(name: str, given: Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
     """`given` checked against the loss's keys and completed with its defaults (hashable: jit keys on it)."""
+    if name in NOT_COMPUTED:
+        raise ValueError(f"loss_fn {name!r} is not computed by this server ({NOT_COMPUTED[name]}); use one of "
+                         f"{sorted(TOKEN_LOSSES)}, or forward_backward_custom")
     if name not in TOKEN_LOSSES:
         raise ValueError(f"loss_fn {name!r} is not one this server computes; use one of {sorted(TOKEN_LOSSES)} (or "
                          "forward_backward_custom, which the SDK runs on cross_entropy)")

@@ -187,7 +187,7 @@ def render(root: type[BaseModel] | None = None) -> str:
 
         root = RunConfig
     out, seen = [HEADER], set()
-    for section in sections(root):
+    for section in sections(root) + service_only(root):
         if (section.path, section.variant, section.model) in seen:  # e.g. a sub-section both engines share
             continue
         seen.add((section.path, section.variant, section.model))
@@ -199,6 +199,17 @@ def render(root: type[BaseModel] | None = None) -> str:
                 for r in section.rows]
         out.append("")
     return "\n".join(out)
+
+
+def service_only(root: type[BaseModel]) -> list[Section]:
+    """The sections `aha tinker`'s ServiceConfig has and the run's config has not (the API's limits)."""
+    from orchestration.config.schema import RunConfig, ServiceConfig
+
+    if root is not RunConfig:
+        return []
+    return [section for name in ServiceConfig.model_fields.keys() - RunConfig.model_fields.keys()
+            if name != "judge_engine"
+            for section in sections(ServiceConfig.model_fields[name].annotation, f"{name} (aha tinker)")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -388,6 +388,16 @@ class RunConfig(Strict):
         return self
 
 
+class ApiConfig(Strict):
+    """The Tinker API's limits (`aha tinker` only): what the server takes before it asks clients to wait."""
+
+    max_pending_ops: int = Field(256, ge=1)
+    """Operations (training ops and samples of every client) queued or running at once; one more is answered 429
+    and polls of the queued ones say `paused_capacity`, so the SDK backs off and resubmits instead of piling up."""
+    max_body_mb: float = Field(1024, gt=0)
+    """Largest request body taken, in MiB; a bigger one is refused (413) naming this key."""
+
+
 class ServiceConfig(Strict):
     """What `aha tinker` reads (configs/tinker_*.yaml): the parts a training service runs. What a step trains on,
     its rewards and its loop are the client's, so there are no data, rewards, train or eval sections."""
@@ -395,12 +405,14 @@ class ServiceConfig(Strict):
     model: ModelConfig = ModelConfig()
     """The base model every training client's LoRA sits on."""
     rollout: RolloutSection
-    """The engines that serve the samplers (their `sampling` is the fallback for a request's missing fields)."""
+    """The engines that serve the samplers (a request's sampling parameters are its own: `sampling` is unused)."""
     learner: LearnerSection = LearnerSection()
     """The learner every training client's adapter lives on (its lora and optimizer keys are the run defaults;
     each client brings its own rank and AdamW numbers)."""
     ray: RayConfig = RayConfig()
     """The Ray cluster to join or start."""
+    api: ApiConfig = ApiConfig()
+    """The Tinker API's queue depth and body cap."""
 
     judge_engine: None = None  # the cluster launcher reads it (a service starts no judge)
 

@@ -22,11 +22,14 @@ import hashlib
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from common.peft_adapter import read_adapter, write_adapter
 from common.sampling import SamplingParams
@@ -34,6 +37,7 @@ from common.storage import exists, local_folder, read_text, write_folder, write_
 from learner.adapter_api import AdamParams
 from learner.config import LoraConfig
 from learner.handle import LearnerHandle
+from learner.token_batch import TokenBatch
 from learner.token_losses import loss_config
 from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
@@ -77,6 +81,7 @@ class Sampler:
     base_model: str
     model_path: str | None = None
     owner: str | None = None  # the training client of an unnamed version (served while among its newest)
+    inflight: bool = False  # follows its owner's newest version
 
 
 def training_model_id(session_id: str, seq: int) -> str:
@@ -90,6 +95,7 @@ class TinkerService:
     def __init__(self, cfg: ServiceConfig, learner: LearnerHandle, rollout: RolloutHandle, root: str):
         self.cfg, self.learner, self.rollout, self.root = cfg, learner, rollout, root
         self.base_names = {cfg.model.path, str(cfg.model.resolved_path), cfg.rollout.backend.served_model_name}
+        self.vocab_size = vocab_size(cfg.model.config_json)
         self.sessions: dict[str, dict[str, int]] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
@@ -162,7 +168,9 @@ class TinkerService:
         return lora
 
     async def create_model(self, m: TrainingModel, seed: int | None) -> Outcome:
-        await self.on_learner(lambda: self.learner.add_adapter(m.adapter, m.lora, seed or 0).result())
+        # seed None: a random init, as the SDK documents it (not one init every unseeded client shares)
+        seed = secrets.randbits(31) if seed is None else int(seed) % 2**31
+        await self.on_learner(lambda: self.learner.add_adapter(m.adapter, m.lora, seed).result())
         self._write_run(m)
         log.info("training client %s: LoRA rank %d on %s", m.model_id, m.lora.rank, m.base_model)
         return Outcome(json={"model_id": m.model_id, "type": "create_model"})
@@ -170,6 +178,7 @@ class TinkerService:
     async def forward_backward(self, m: TrainingModel, body: bytes, forward_only: bool) -> Outcome:
         request = wire.read_forward_backward(body)
         batch = wire.token_batch(request)
+        check_datum_ids(batch, self.vocab_size)
         config = wire.loss_settings(request)
         loss_config(request.loss_fn, config)  # an unknown loss or setting: one line now, not after the queue
         call = self.learner.forward if forward_only else self.learner.forward_backward
@@ -203,8 +212,11 @@ class TinkerService:
         return Outcome(json={"path": path, "model_id": m.model_id, "type": "load_weights"})
 
     async def save_for_sampler(self, m: TrainingModel, name: str | None, sampler_seq: int | None,
-                               session_id: str) -> Outcome:
-        """A new sampler version of `m`: served by every engine; a named one also kept in the run directory."""
+                               session_id: str, kind: str = "snapshot") -> Outcome:
+        """A new sampler version of `m`: served by every engine; a named one also kept in the run directory.
+        kind "inflight": the sampler follows `m`'s newest version (the weights saved when it was made, or newer)."""
+        if kind not in ("snapshot", "inflight"):
+            raise UserError(f"sampling client kind {kind!r}: this server makes 'snapshot' and 'inflight' ones")
         tensors, config = await self.on_learner(self.learner.save_for_sampler, m.adapter)
         if name is not None:
             path = paths.TinkerPath(m.model_id, "sampler_weights", paths.checked_name(name))
@@ -218,6 +230,7 @@ class TinkerService:
         while len(m.samplers) > KEEP_UNNAMED:
             await self.on_engines(self.rollout.unload_adapter, m.samplers.pop(0))
         sampler_id = self.new_sampler(session_id, sampler_seq, served, m.base_model, owner=m.model_id)
+        self.samplers[sampler_id].inflight = kind == "inflight"
         return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
     # ---- samplers -----------------------------------------------------------------------------------------------
@@ -254,15 +267,23 @@ class TinkerService:
                 raise UserError(f"{key} is not served here (the engine returns one logprob per token)")
         if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
             raise UserError("target_prompt_logprobs and prompt_logprobs_last_n are not served here")
-        if sampler.owner is not None and sampler.adapter not in self.models[sampler.owner].samplers:
+        adapter = sampler.adapter
+        if sampler.inflight:
+            adapter = self.models[sampler.owner].samplers[-1]
+        elif sampler.owner is not None and sampler.adapter not in self.models[sampler.owner].samplers:
             raise UserError(f"sampling client {sampler.sampler_id} holds version {sampler.adapter} of "
                             f"{sampler.owner}, no longer served (the {KEEP_UNNAMED} newest are); create a new one "
                             "with save_weights_and_get_sampling_client, or save a named one to keep it")
         prompt = [t for chunk in body["prompt"]["chunks"] for t in self._chunk_tokens(chunk)]
+        check_ids(prompt, self.vocab_size, "the prompt")
         prompt_logprobs = bool(body.get("prompt_logprobs"))
-        params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)),
-                                 self.cfg.rollout.sampling, prompt_logprobs)
-        [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=sampler.adapter))
+        room = self.cfg.rollout.backend.max_model_len - len(prompt)
+        if room < 1:
+            raise UserError(f"the prompt's {len(prompt)} tokens leave no room to sample in the context of "
+                            f"{self.cfg.rollout.backend.max_model_len} (rollout.backend.max_model_len)")
+        params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)), room,
+                                 prompt_logprobs)
+        [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
         prompt_lp = prompt_token_logprobs(group[0], prompt) if prompt_logprobs else None
         return Outcome(proto=wire.sample_response(group, prompt_lp))
 
@@ -324,19 +345,46 @@ class TinkerService:
         return list(latest.values())
 
 
+def vocab_size(config_json: Any) -> int:
+    """The base model's vocabulary (its embedding's rows): token ids from 0 to this minus one."""
+    if config_json is None:
+        raise ValueError("the base model has no config.json (model.path's folder, or configs/models/<name>/)")
+    config = json.loads(config_json.read_text())
+    return int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+
+
+def check_ids(ids: Any, vocab: int, where: str) -> None:
+    """A user error naming `where` and the first id outside 0..vocab-1 (the learner's gather would clamp it to a
+    silently wrong number; the engine would fail the request as its own error)."""
+    ids = np.asarray(ids, np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if len(bad):
+        raise UserError(f"{where}: token id {int(ids[bad[0]])} at position {int(bad[0])} is outside the model's "
+                        f"vocabulary (0..{vocab - 1})")
+
+
+def check_datum_ids(batch: TokenBatch, vocab: int) -> None:
+    for i, (tokens, targets) in enumerate(zip(batch.tokens, batch.targets)):
+        check_ids(tokens, vocab, f"datum {i} model_input")
+        check_ids(targets, vocab, f"datum {i} loss_fn_inputs['target_tokens']")
+
+
 def lora_config(given: dict[str, Any]) -> LoraConfig:
     """The SDK's LoraConfig (rank, train_attn, train_mlp, train_unembed) as the learner's. The unembedding is not
-    adapted here: LoRA sits on the attention and MLP projections (learner.lora.target_modules' choices)."""
+    adapted here: LoRA sits on the attention and MLP projections (learner.lora.target_modules' choices), and the
+    SDK sends train_unembed=True by default, so refusing it would refuse every default client."""
     targets = (ATTENTION if given.get("train_attn", True) else ()) + (MLP if given.get("train_mlp", True) else ())
     if not targets:
         raise UserError("LoRA config trains neither attention nor MLP: set train_attn or train_mlp")
     return LoraConfig(rank=int(given.get("rank", 32)), alpha=LORA_ALPHA, target_modules=targets)
 
 
-def sampling_params(given: dict[str, Any], n: int, defaults: SamplingParams, prompt_logprobs: bool) -> SamplingParams:
-    """The Tinker request's sampling parameters as the engine's (every one checked as `aha train` checks them)."""
+def sampling_params(given: dict[str, Any], n: int, room: int, prompt_logprobs: bool) -> SamplingParams:
+    """The Tinker request's sampling parameters as the engine's (every one checked as `aha train` checks them).
+    max_tokens None: up to the end of the context (`room` tokens after the prompt), or EOS / a stop."""
     stop = given.get("stop")
-    fields: dict[str, Any] = {"n": n, "max_tokens": int(given.get("max_tokens") or defaults.max_tokens),
+    max_tokens = given.get("max_tokens")
+    fields: dict[str, Any] = {"n": n, "max_tokens": room if max_tokens is None else int(max_tokens),
                               "temperature": float(given.get("temperature", 1.0)),
                               "top_k": int(given.get("top_k", -1)), "top_p": float(given.get("top_p", 1.0)),
                               "logprobs": 0, "skip_special_tokens": False,

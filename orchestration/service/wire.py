@@ -26,6 +26,40 @@ def read_forward_backward(body: bytes) -> pb.ForwardBackwardRequest:
     return request
 
 
+def read_head(prefix: bytes) -> tuple[str, int]:
+    """A ForwardBackwardRequest's model_id (field 1) and seq_id (field 2) from the start of its body: the SDK's
+    serializer writes fields in number order, so they come before the data even when the rest is not read."""
+    model_id, seq_id, at = None, None, 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            byte = prefix[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    try:
+        while at < len(prefix) and (model_id is None or seq_id is None):
+            tag = varint()
+            number, kind = tag >> 3, tag & 7
+            if (number, kind) == (1, 2):
+                length = varint()
+                model_id, at = prefix[at:at + length].decode(), at + length
+            elif (number, kind) == (2, 0):
+                seq_id = varint()
+            else:
+                break
+    except (IndexError, UnicodeDecodeError):
+        pass
+    if model_id is None or seq_id is None:
+        raise UserError("a forward_backward body that does not start with its model_id and seq_id")
+    return model_id, seq_id
+
+
 def loss_settings(request: pb.ForwardBackwardRequest) -> dict[str, float]:
     """loss_fn_config: the v2 map (numbers and strings), else the legacy float map."""
     if request.loss_fn_config_v2:

@@ -27,9 +27,12 @@ BASE = "smollm2-135m-instruct"
 ENGINE_GAP = 1e-3  # learner.engine_gap_bound in float32: the same bound `aha train` stops a run at
 
 
+QUEUE = 16  # api.max_pending_ops of the module's server: the loops below stay under it, the queue test goes past
+
+
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    server = start(tmp_path_factory.mktemp("tinker-smol"))
+    server = start(tmp_path_factory.mktemp("tinker-smol"), f"api.max_pending_ops={QUEUE}")
     yield server
     stop(server)
 
@@ -184,6 +187,79 @@ def test_mistakes_come_back_as_the_sdks_errors(smol):
     # the training client goes on after its failures
     training.forward_backward([datum(tokens, weights=[1.0] * 19)], "cross_entropy").result()
     training.optim_step(types.AdamParams()).result()
+
+
+def test_a_refused_op_leaves_the_clients_next_ops_answering(smol):
+    """optim_step with DimuonParams is refused before it is queued (400, AdamW only); the same client's next
+    forward_backward and optim_step answer. On the old server the refused op never gave its seq_id up, so every
+    later op of the client waited for it for ever (here: the timeout fails the test instead)."""
+    training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
+    tokens = list(range(10, 30))
+    with pytest.raises(tinker.BadRequestError, match="AdamW"):
+        training.optim_step(types.DimuonParams(learning_rate=1e-3)).result(timeout=60)
+    loss = training.forward_backward([datum(tokens, weights=[1.0] * 19)], "cross_entropy").result(timeout=120)
+    assert loss.metrics["loss:sum"] > 0
+    training.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=120)
+
+
+def test_out_of_vocabulary_ids_and_ragged_fields_are_refused_naming_them(smol):
+    """A token id outside the vocabulary in forward / forward_backward (input or target), in a sample's or a
+    compute_logprobs prompt, and a per-token field of the wrong length: each a user error naming the datum and the
+    field, and the same clients' next valid calls answer. The old server answered forward with a loss (JAX clamps an
+    out-of-range gather: a silently wrong number) and failed the sample as the engine's error."""
+    training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    ok, oov = list(range(10, 30)), 10**8
+    good = datum(ok, weights=[1.0] * 19)
+    bad_input = datum(ok[:5] + [oov] + ok[6:], weights=[1.0] * 19)
+    bad_target = datum(ok[:-1] + [49152], weights=[1.0] * 19)
+    ragged = types.Datum(model_input=types.ModelInput.from_ints(ok[:-1]),
+                         loss_fn_inputs={"target_tokens": ok[1:], "weights": [1.0] * 7})
+    for call in (training.forward, training.forward_backward):
+        with pytest.raises(tinker.RequestFailedError, match=r"datum 1 model_input: token id 100000000 at position 5"):
+            call([good, bad_input], "cross_entropy").result(timeout=120)
+        with pytest.raises(tinker.RequestFailedError, match=r"datum 0 loss_fn_inputs\['target_tokens'\]: token id 49152"):
+            call([bad_target], "cross_entropy").result(timeout=120)
+        with pytest.raises(tinker.RequestFailedError, match=r"datum 0: loss input 'weights' has shape \(7,\)"):
+            call([ragged], "cross_entropy").result(timeout=120)
+    params = types.SamplingParams(max_tokens=4, seed=0)
+    with pytest.raises(tinker.RequestFailedError, match="the prompt: token id 100000000 at position 2"):
+        sampler.sample(types.ModelInput.from_ints(ok[:2] + [oov]), 1, params).result(timeout=120)
+    with pytest.raises(tinker.RequestFailedError, match="the prompt: token id -1 at position 0"):
+        sampler.compute_logprobs(types.ModelInput.from_ints([-1] + ok)).result(timeout=120)
+    training.forward_backward([good], "cross_entropy").result(timeout=120)
+    training.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=120)
+    assert len(sampler.sample(types.ModelInput.from_ints(ok), 1, params).result(timeout=120).sequences) == 1
+
+
+def test_a_full_queue_answers_429_and_the_sdk_waits_its_turn(smol):
+    """Past api.max_pending_ops pending operations a new one is answered 429 with x-should-retry (the SDK backs off
+    and resubmits), and the SDK's own requests sent at the same time all answer; a future the server does not know
+    is a 410 (the SDK's samplers resubmit on it; 404 was fatal to them). The old server took every request (no
+    backpressure) and answered 404."""
+    import asyncio
+
+    import httpx
+
+    sampler = smol.client().create_sampling_client(base_model=BASE).result()
+    headers = {"X-API-Key": smol.api_key}
+    body = {"sampling_session_id": sampler._sampling_session_id, "num_samples": 1, "prompt": {"chunks": [
+        {"type": "encoded_text", "tokens": list(range(10, 40))}]}, "sampling_params": {"max_tokens": 48, "seed": 1}}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=smol.base_url, headers=headers, timeout=60) as http:
+            return await asyncio.gather(*[http.post("/api/v1/asample", json={**body, "seq_id": i})
+                                          for i in range(QUEUE + 8)])
+
+    answers = asyncio.run(burst())
+    refused = [a for a in answers if a.status_code == 429]
+    assert refused and all(a.status_code in (200, 429) for a in answers), [a.status_code for a in answers]
+    assert refused[0].headers["x-should-retry"] == "true" and "api.max_pending_ops" in refused[0].json()["detail"]
+    futures = [sampler.sample(types.ModelInput.from_ints(list(range(10, 40))), 1, types.SamplingParams(
+        max_tokens=8, seed=i)) for i in range(QUEUE + 4)]
+    assert all(len(f.result(timeout=300).sequences) == 1 for f in futures)
+    gone = httpx.post(f"{smol.base_url}/api/v1/retrieve_future", headers=headers, json={"request_id": "sample-0"})
+    assert gone.status_code == 410 and "submit it again" in gone.json()["detail"], gone.text
 
 
 def test_a_saved_state_outlives_its_server(tmp_path):

@@ -392,3 +392,33 @@ def test_constant_reward_groups_marks_groups_whose_rewards_are_all_equal():
     for std_normalize in (True, False):  # a constant group has advantage 0 under every variant
         assert not grpo_advantages(rewards, groups, std_normalize)[constant].any()
     assert not constant_reward_groups(np.array([0.0, 1e-9]), np.array([5, 5])).any()  # a tiny difference varies
+
+
+# ---- the Tinker API's token losses (learner/token_losses.py) ------------------------------------------------------
+def test_cispo_defaults_are_the_cookbooks_one_sided_clip():
+    """cispo with no loss_fn_config clips the detached ratio to [0, 4] (tinker-cookbook's loss tutorial), not the
+    old 0.8..1.2: a ratio of 3 keeps its weight 3, a ratio of 6 is capped at 4, a ratio of 0.5 stays 0.5. The loss
+    and its gradient against NumPy written from the formula."""
+    from learner.token_losses import loss_config, token_loss
+
+    config = dict(loss_config("cispo", {}))
+    assert config == {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
+    lp = np.log(np.array([[0.1, 0.2, 0.4, 0.3]], np.float32))  # the sampler's
+    logp = lp + np.log(np.array([[3.0, 6.0, 0.5, 1.0]], np.float32))  # ratios 3, 6, 0.5, 1
+    adv = np.array([[1.0, -2.0, 0.5, 1.5]], np.float32)
+    mask = np.array([[1.0, 1.0, 1.0, 0.0]], np.float32)
+    inputs = {"logprobs": jnp.asarray(lp), "advantages": jnp.asarray(adv)}
+    loss, grad = jax.value_and_grad(lambda x: token_loss("cispo", x, inputs, jnp.asarray(mask), config))(
+        jnp.asarray(logp))
+    weight = np.array([[3.0, 4.0, 0.5, 1.0]])
+    np.testing.assert_allclose(loss, -np.sum(mask * weight * logp * adv), rtol=1e-5)
+    np.testing.assert_allclose(grad, -mask * weight * adv, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gspo", "stable_reinforce"])
+def test_losses_the_sdk_lists_but_this_server_does_not_compute_are_refused_in_one_line(name):
+    from learner.token_losses import loss_config
+
+    with pytest.raises(ValueError, match=f"loss_fn '{name}' is not computed by this server") as err:
+        loss_config(name, {})
+    assert "\n" not in str(err.value)
