@@ -290,7 +290,8 @@ def test_resume_with_the_learner_on_another_node_restores_the_weights(cluster, l
 
 def test_tinker_service_with_its_parts_on_other_nodes(cluster):
     """`aha tinker` as a Ray job: its driver on the head, the learner on b, its engine on c or d, checkpoints on the
-    bucket; the official SDK, from outside the cluster, trains, samples and saves through it."""
+    bucket; the official SDK, from outside the cluster, trains, samples and saves through it. Its engine, walked from
+    node b, refuses every route without the service's engine key (the key on no command line)."""
     import re
     import time
 
@@ -320,6 +321,14 @@ def test_tinker_service_with_its_parts_on_other_nodes(cluster):
         assert where["driver"] == cluster.ips["head"] and where["learner"].startswith(cluster.ips["b"] + " "), where
         assert where["engines"][0].removeprefix("http://").rsplit(":", 1)[0] in (cluster.ips["c"], cluster.ips["d"])
         assert httpx.get(f"{url}/api/v1/get_server_capabilities", timeout=5).status_code == 401
+        # The service's engine, from node b: every route refuses a request without its key (fails on main at
+        # 98997ee: /invocations, /tokenize and more answered, and a key, if any, was on the engine's command line).
+        engine_node = next(name for name, ip in cluster.ips.items() if where["engines"][0].startswith(f"http://{ip}:"))
+        probe = KeyProbe(cluster, engine_node)
+        probe.run()
+        assert isinstance(probe.result, dict), probe.result
+        assert not open_routes(probe.result) and not probe.result["key_in_argv"], probe.result
+        assert probe.result["completion"] == 200 and "POST /invocations" in probe.result["routes"], probe.result
 
         service = tinker.ServiceClient(base_url=url, api_key=key)
         training = service.create_lora_training_client(base_model="tiny-llama", rank=8, seed=0).result()
