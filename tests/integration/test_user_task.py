@@ -46,13 +46,14 @@ HANGS = ("fork_bomb", "pause_ignoring_sigterm", "gil_loop")
 EXAMPLE = "examples.your_own_task.my_rewards"
 # The daemon comes first: calls go out in term order, and a fork bomb takes every task the pool's user may run until
 # its timeout, so the daemon must have forked before the bomb starts. With 3 workers the bomb's first call goes out
-# only after 10 calls have answered, one `exits` crash among them, whose worker the pool restarts before the next
+# only after 8 calls have answered, one `exits` crash among them, whose worker the pool restarts before the next
 # call (about 0.4 s here); the daemon forks within milliseconds of its call. 2 s timeout: the 6 hanging calls of a
-# scoring cost two rounds of 2 s.
+# scoring cost two rounds of 2 s. `calls_out` comes last, so the calls before the bomb are the ones counted above
+# (placed before the hostile ones, it shifted an `exits` call into the bomb's round: a timeout instead of a crash).
 TERMS = ('rewards.terms=[{fn: "hostile_rewards:daemon"}, '
          f'{{fn: "{EXAMPLE}:correct_answer"}}, {{fn: "{EXAMPLE}:brevity", weight: 0.5, params: {{max_chars: 8}}}}, '
-         '{fn: "hostile_rewards:calls_out", params: {log_to: CALLS_OUT}}, '
-         + ", ".join(f'{{fn: "hostile_rewards:{name}"}}' for name in ("raises", "exits", *HANGS)) + "]")
+         + ", ".join(f'{{fn: "hostile_rewards:{name}"}}' for name in ("raises", "exits", *HANGS))
+         + ', {fn: "hostile_rewards:calls_out", params: {log_to: CALLS_OUT}}]')
 POOL_USER = 61234
 """The workers' uid (the tests run as root): unused elsewhere, so what is left of the pool shows as its processes,
 and the fork bomb's task bound is not shared with another test's pool (rewards.pool.max_tasks counts per user)."""
