@@ -62,7 +62,7 @@ class GoOnEpisode:
 
 def engine_counters(rollout: Rollout) -> dict[str, float]:
     """vLLM's prompt-token and prefix-cache counters (summed over labels) from its Prometheus /metrics."""
-    text = httpx.get(rollout.base_url + "/metrics", timeout=10).text
+    text = httpx.get(rollout.base_url + "/metrics", headers=rollout.auth_headers(), timeout=10).text
     out = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]

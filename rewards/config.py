@@ -86,6 +86,11 @@ class RewardPoolConfig(Strict):
     """Largest file a worker may write (RLIMIT_FSIZE); a write past it fails (EFBIG)."""
     max_open_files: int = Field(256, ge=32)
     """Files and sockets a worker may hold open at once (RLIMIT_NOFILE)."""
+    network: bool = False
+    """Whether the workers may use the network. False: each worker runs in a network namespace of its own with no
+    interface up, so a reward can reach neither the internet nor the run's engines, the driver or any service on this
+    host (a connect fails). True: the host's network, for a reward that calls a remote sandbox or a judge API; the
+    pool says which at start."""
     user: str | int = "nobody"
     """When the driver runs as root: the user (a name or a number) the workers run as, so that a reward cannot
     raise its own limits, signal the driver or write the run directory. It must be able to read the files your

@@ -5,12 +5,16 @@ In order, each step needing what the one before still has:
 2. cap its resources, soft = hard so that no call can raise them again: RLIMIT_DATA (memory), RLIMIT_NPROC (a fork
    bomb gets EAGAIN; the count is per user, so it is the tasks the user runs already plus the pool's allowance),
    RLIMIT_FSIZE (a file it writes), RLIMIT_NOFILE (open files);
-3. when started as root, become the unprivileged `rewards.pool.user`: root may raise any limit, signal the driver
+3. leave the host's network, unless `rewards.pool.network` says otherwise: a network namespace of its own, empty
+   (its loopback down, no other interface), so a reward can neither call out nor reach the run's engines, the
+   driver's ports or any local service; as root by unshare(CLONE_NEWNET), otherwise inside a user namespace of
+   its own that maps its user to itself (the kernel's rule for an unprivileged unshare);
+4. when started as root, become the unprivileged `rewards.pool.user`: root may raise any limit, signal the driver
    and write the run directory; that user may do none of it. The driver's code often lies where that user cannot
    reach (a virtual environment under /root, mode 0700): each `sys.path` folder it cannot read is opened before
    the switch and imported from through /proc/self/fd/N, which reaches the folder without its parents. Files a
    reward reads by its own path must be readable by that user;
-4. die with the driver: PR_SET_PDEATHSIG, set after the switch (a change of user clears it).
+5. die with the driver: PR_SET_PDEATHSIG, set after the switch (a change of user clears it).
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import sys
 from pathlib import Path
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 
 
 def confine(init: dict, parent: int) -> None:
-    """Steps 1-4 above; `parent` is the pid this process had as its parent when it started."""
+    """Steps 1-5 above; `parent` is the pid this process had as its parent when it started."""
     join(init["join"])
     for name, value in init["limits"].items():
         which = getattr(resource, name)
@@ -34,6 +39,8 @@ def confine(init: dict, parent: int) -> None:
         if hard != resource.RLIM_INFINITY and os.geteuid() != 0:  # only root may raise a hard limit
             value = min(value, hard)
         resource.setrlimit(which, (value, value))
+    if not init["network"]:
+        leave_network()
     if init["user"] is not None:
         sys.path[:] = become(*init["user"], sys.path)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -46,6 +53,23 @@ def join(how: dict) -> None:
         Path(how["cgroup"], "cgroup.procs").write_text(str(os.getpid()))
     if how.get("subreaper"):
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def leave_network() -> None:
+    """Move this process into a new, empty network namespace (step 3). Raises OSError with the one line to act on
+    when the kernel refuses (no CAP_SYS_ADMIN and no unprivileged user namespaces)."""
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"a reward worker cannot leave the host's network (unshare: {os.strerror(err)}); run as "
+                           "root, allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), or "
+                           "set rewards.pool.network: true to give the rewards the host's network")
+    if flags & CLONE_NEWUSER:  # the same ids inside as outside, so files and limits see the same user
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
 
 
 def become(uid: int, gid: int, paths: list[str]) -> list[str]:

@@ -180,14 +180,17 @@ class RewardPool:
         self._where = where
         user = worker_user(cfg.user)
         cwd = os.getcwd()
-        self._init = {"fns": dict(fns), "user": user, "limits": limits(cfg, user),
+        self._init = {"fns": dict(fns), "user": user, "limits": limits(cfg, user), "network": cfg.network,
                       "sys_path": [cwd, *(p or cwd for p in sys.path if p != cwd)]}
         self._workers: list[_Worker] = []
         self._slots = iter(range(1 << 30))
         self.box = setup_containment(cfg.max_tasks, containment)
         self._finalizer = weakref.finalize(self, self.box.close)  # if close() is never called
-        log.info("reward pool: %d workers (as uid %s), contained by %s", cfg.workers,
-                 os.getuid() if user is None else user[0], self.box.describe())
+        log.info("reward pool: %d workers (as uid %s), contained by %s, %s", cfg.workers,
+                 os.getuid() if user is None else user[0], self.box.describe(),
+                 "on the host's network (rewards.pool.network: true)" if cfg.network else
+                 "with no network (each in an empty network namespace; rewards.pool.network: true gives them the "
+                 "host's)")
         try:
             for _ in range(cfg.workers):
                 self._workers.append(_Worker(self._init, self.box, next(self._slots)))

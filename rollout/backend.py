@@ -60,7 +60,7 @@ class WireFormat(Protocol):
     """The wire codec: pure functions of the config, usable on an unstarted backend (the driver's client uses them)."""
 
     def auth_headers(self) -> dict[str, str]:
-        """Headers every /v1 request needs: the bearer token of a server started with `api_key`, else none."""
+        """Headers every request but /health needs: the bearer token of a server started with `api_key`, else none."""
         ...
 
     def build_payload(self, prompt: list[int], params: SamplingParams, lora_name: str | None) -> dict[str, Any]:

@@ -89,9 +89,9 @@ class EngineConfig(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server process, applied last."""
     api_key: str | None = None
-    """Bearer token every /v1 route then requires (`orchestration.cli.serve --api-key` sets it; the rollout client and
-    the adapter pushes send it). None: a training run makes one per run unless `host` is loopback (an engine on
-    another node listens on an address others can reach); `serve` leaves it open."""
+    """Bearer token every route of the engine but /health requires (the rollout client and the adapter pushes send
+    it). None: every run, eval, judge and Tinker service makes a fresh one for its engines, `serve` too (its
+    `--api-key` names one); it reaches the engine by its environment, never its command line."""
     startup_adapter: StartupAdapter | None = None
     """A LoRA adapter attached at start-up (`orchestration.cli.serve` attaches the run's final one); None = none."""
     startup_timeout_s: float | None = Field(None, gt=0)

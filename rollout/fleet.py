@@ -38,7 +38,7 @@ import ray
 
 from rollout.client import ServerUnavailable
 from rollout.config import RolloutConfig
-from rollout.handle import Rollout
+from rollout.handle import Rollout, with_run_key
 from common.sampling import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class RolloutFleet:
 
     def __init__(self, cfg: RolloutConfig, model_path: Path, replicas: int | None = None, placement: Any = None,
                  actor_options: dict[str, Any] | None = None, replica_env: list[dict[str, str]] | None = None):
-        self.cfg = cfg
+        self.cfg = with_run_key(cfg)  # one key for every replica, rebuilt ones included
         self.model_path = Path(model_path)
         self._actor_options = actor_options or {}  # each replica's Ray resources, from the driver
         self.n = replicas or cfg.replicas
@@ -127,6 +127,10 @@ class RolloutFleet:
     @property
     def base_urls(self) -> list[str]:
         return [r.rollout.base_url for r in self.replicas]
+
+    def auth_headers(self) -> dict[str, str]:
+        """The bearer header every request to a replica but /health needs (the replicas share one key)."""
+        return self.replicas[0].rollout.auth_headers()
 
     def stop(self) -> None:
         """Stop every replica (background rebuilds are cancelled first); idempotent."""

@@ -14,6 +14,7 @@ actor re-loads the current adapter), retries the requests (or the push) once, lo
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,12 +32,25 @@ from common.sampling import Completion, SamplingParams
 log = logging.getLogger(__name__)
 
 
+def with_run_key(cfg: RolloutConfig) -> RolloutConfig:
+    """The rollout config with a fresh API key for its engines unless it names one.
+
+    Every engine we start requires a key on every route but /health (rollout/engine_ext/aha_engine_key.py), on
+    loopback too: another local user, a reward function or a peer reaching the address could otherwise sample from
+    the policy or unload its adapter. The key lives in this process, the engine's actor and the engine's
+    environment only; it is never written to config.yaml nor put on a command line.
+    """
+    if cfg.backend.api_key is not None:
+        return cfg
+    return cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"api_key": secrets.token_urlsafe(24)})})
+
+
 class Rollout:
     """Generate with the current policy, push new LoRA versions, survive a dead server."""
 
     def __init__(self, cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None,
                  restart_silent: bool = True):
-        self.cfg = cfg
+        self.cfg = cfg = with_run_key(cfg)
         self.model_path = Path(model_path)
         self.actor_options = actor_options
         """Ray options of the server actor (resources, placement), from the driver; None: one CPU, anywhere."""
@@ -85,6 +99,10 @@ class Rollout:
     @property
     def base_urls(self) -> list[str]:
         return [self.base_url]
+
+    def auth_headers(self) -> dict[str, str]:
+        """The bearer header every request to the server but /health needs (for tools that call it directly)."""
+        return self._wire.auth_headers()
 
     def _require_client(self) -> RolloutClient:
         if self._client is None:

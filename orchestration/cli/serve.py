@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="port to serve on (0: any free one; the URL printed says "
                                                            "which)")
     p.add_argument("--name", help="model name clients use for the adapter (default: the run directory's name)")
-    p.add_argument("--api-key", help="require this bearer token ('random' makes one and prints it)")
+    p.add_argument("--api-key", help="the bearer token every route but /health requires (default: a fresh one, "
+                                     "printed; a key given here is visible to local users in the process list)")
     p.add_argument("--base-only", action="store_true", help="serve the base model without the adapter")
     return p.parse_args(argv)
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).exists():
             raise ConfigError(f"{adapter_dir} has no {ADAPTER_CONFIG}: the run has not finished; "
                               f"`python -m orchestration.cli.train --resume {args.run_dir}` completes it, or use --base-only")
-        if args.api_key == "random":
+        if args.api_key in (None, "random"):  # every engine we start is keyed (rollout/engine_ext/aha_engine_key.py)
             args.api_key = secrets.token_urlsafe(24)
         name = args.name or ("base" if args.base_only else Path(absolute(args.run_dir)).name)
         backend_cfg = serving_backend(cfg, args, adapter_dir, name)
@@ -82,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         example = setup_dataset(cfg.data, "eval")[0]
         prompt = example.messages[-1]["content"] if example.messages else example.text
         print(f"\nserving {name!r} ({cfg.model.path} + {'no adapter' if adapter_dir is None else adapter_dir}) at {url}")
-        if args.api_key:
-            print(f"API key: {args.api_key}")
+        print(f"API key: {args.api_key}")
         print("try:\n  " + curl_example(url, name, args.api_key, prompt) + "\n\nCtrl-C stops the server.", flush=True)
         while True:  # SIGINT or SIGTERM (orchestration.signals) ends the wait
             time.sleep(1.0)

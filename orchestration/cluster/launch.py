@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 from pathlib import Path
 
 import ray
@@ -23,7 +22,6 @@ from orchestration.cluster.resources import check_cluster_fits
 from orchestration.cluster.tpu_env import engine_envs, generation_of, learner_envs
 from orchestration.cluster.tpu_settle import settle_chip_bounds
 from rollout.config import RolloutConfig
-from rollout.server_process import LOOPBACK
 
 log = logging.getLogger(__name__)
 COMPILE_CACHE_BYTES = 2 << 30  # learner.compile_cache's bound; JAX evicts the least recently used entries past it
@@ -139,19 +137,6 @@ def start_learner(cfg: RunConfig, checkpoint_dir: str):
                                options, placement=placement, process_env=process_env)
 
 
-def with_run_key(rollout: RolloutConfig) -> RolloutConfig:
-    """The rollout config with a fresh API key for this run's engines, unless it names one or binds loopback.
-
-    An engine on another node listens on an address other hosts can reach, so its /v1 routes (generation and the
-    adapter pushes) require the key, which only this driver and the engines' actors hold. Where each engine lands is
-    Ray's decision, made after this, so every engine of a run gets the key; it is never written to config.yaml.
-    """
-    backend = rollout.backend
-    if backend.api_key is not None or backend.host in LOOPBACK:
-        return rollout
-    return rollout.model_copy(update={"backend": backend.model_copy(update={"api_key": secrets.token_urlsafe(24)})})
-
-
 def start_rollout(cfg: RunConfig):
     """The rollout server behind its Ray actor (or rollout.replicas of them behind one fleet handle); blocks until
     every engine answers /health."""
@@ -163,7 +148,7 @@ def start_rollout(cfg: RunConfig):
                                  cfg.rollout.backend.env)
     placement = reserve_engines(cfg)
     replica_env = engine_replica_env(cfg, bounds, tpu_host_chips())
-    rollout = setup_rollout(with_run_key(part_config(cfg.rollout, RolloutConfig)), cfg.model.resolved_path, placement,
+    rollout = setup_rollout(part_config(cfg.rollout, RolloutConfig), cfg.model.resolved_path, placement,
                             cfg.rollout.resources.ray_options(), replica_env=replica_env)
     base_url = rollout.start()
     log.info("rollout server (%s, %d replica(s)) ready at %s", cfg.rollout.backend.kind, cfg.rollout.replicas,

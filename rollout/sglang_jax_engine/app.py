@@ -6,14 +6,15 @@ postponed (string) annotations the locally imported `Request` would not resolve,
 
 import argparse
 import asyncio
-import hmac
 import json
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from rollout.engine_ext.aha_engine_key import KEY_ENV, RequireKey
 from rollout.sglang_jax_engine.lora_merge import MergedLora
 from rollout.sglang_jax_engine.patches import apply_cpu_patches
 from rollout.sglang_jax_engine.wire import choice, sampling_params, unsupported
@@ -174,7 +175,8 @@ class EngineServer:
 
 def build_app(engine, args: argparse.Namespace):
     """The FastAPI app around `engine`: each route hands its JSON body to an `EngineServer` method; with
-    --adapter-path that adapter is merged before it answers, with --api-key every /v1 route needs the key."""
+    --adapter-path that adapter is merged before it answers; with $AHA_ENGINE_KEY set, every route but /health
+    needs that key."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
@@ -184,13 +186,8 @@ def build_app(engine, args: argparse.Namespace):
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
-    if getattr(args, "api_key", None):
-        @app.middleware("http")
-        async def require_api_key(request: Request, call_next):
-            given = request.headers.get("authorization", "")
-            if request.url.path.startswith("/v1") and not hmac.compare_digest(given, f"Bearer {args.api_key}"):
-                return error(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'")
-            return await call_next(request)
+    if os.environ.get(KEY_ENV):  # every route but /health, the docs and /openapi.json included
+        app.add_middleware(RequireKey)
 
     @app.get("/health")
     async def health():

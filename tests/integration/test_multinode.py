@@ -25,6 +25,8 @@ import pytest
 from common import storage as uri
 from tests.integration.multinode import MultiNodeCluster, require_namespaces, sh
 from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
+import route_walk
+from route_walk import open_routes
 
 pytestmark = pytest.mark.integration
 
@@ -114,38 +116,19 @@ def engine_nodes(summary: dict) -> list[str]:
     return [url.removeprefix("http://").rsplit(":", 1)[0] for url in summary["placement"]["engines"]]
 
 
-# Run on node b against an engine of node c or d: every /v1 route the engine's OpenAPI lists, without the key and
-# with a wrong one; then the right key on a model listing and a one-token completion. Prints the status codes.
-KEY_PROBE = """
-import json, sys, time
-import httpx
-url, key, model = sys.argv[1:4]
-with httpx.Client(base_url=url, timeout=60) as client:
-    for _ in range(1200):  # the engine may still be starting
-        try:
-            if client.get("/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    paths = client.get("/openapi.json").json()["paths"]
-    routes = sorted((method.upper(), path) for path, ops in paths.items() if path.startswith("/v1") for method in ops)
-    out = {"routes": {}}
-    for method, path in routes:
-        concrete = path.replace("{", "x").replace("}", "")  # a path parameter: any value
-        out["routes"][f"{method} {path}"] = [client.request(method, concrete, headers=headers).status_code
-                                            for headers in ({}, {"Authorization": "Bearer wrong" + key})]
-    right = {"Authorization": f"Bearer {key}"}
-    out["models"] = client.get("/v1/models", headers=right).status_code
-    out["completion"] = client.post("/v1/completions", headers=right,
-                                    json={"model": model, "prompt": "1 + 1 =", "max_tokens": 1}).status_code
-print(json.dumps(out))
-"""
+def cmdline(pid: str) -> bytes:
+    """The command line of process `pid` (b"" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 class KeyProbe(threading.Thread):
-    """While a run goes on: find the engine server of node `name` (its command line holds the run's key and port),
-    then probe it from node b with KEY_PROBE. `result`: its JSON, or what went wrong (the node killed mid-probe)."""
+    """While a run goes on: find the engine server of node `name` (its environment holds the run's key, its command
+    line the port), then walk its routes from node b (tests/integration/route_walk.py). `result`: the walk's JSON
+    plus `key_in_argv` (pids of the node whose command line holds the key), or what went wrong (the node killed
+    mid-probe)."""
 
     def __init__(self, cluster, name: str):
         super().__init__(daemon=True)
@@ -155,19 +138,24 @@ class KeyProbe(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            for pid in sh("ip", "netns", "pids", self.cluster.namespaces[self.name], check=False).stdout.split():
+            pids = sh("ip", "netns", "pids", self.cluster.namespaces[self.name], check=False).stdout.split()
+            for pid in pids:
                 try:
                     args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                    env = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
                 except OSError:
                     continue
-                key = next((a.removeprefix("--api-key=") for a in args if a.startswith("--api-key=")), None)
+                key = next((v.removeprefix("AHA_ENGINE_KEY=") for v in env if v.startswith("AHA_ENGINE_KEY=")), None)
                 if key and "--port" in args:
                     value = {a: args[i + 1] for i, a in enumerate(args[:-1])}
                     url = f"http://{value['--host']}:{value['--port']}"
-                    probe = self.cluster.run_on("b", [sys.executable, "-c", KEY_PROBE, url, key,
-                                                      value["--served-model-name"]], timeout_s=900)
+                    walk = Path(route_walk.__file__).read_text()  # as source: node b's mounts may differ
+                    probe = self.cluster.run_on("b", [sys.executable, "-c", walk, url, value["--served-model-name"]],
+                                                timeout_s=900, ROUTE_WALK_KEY=key)
                     self.result = json.loads(probe.stdout) if probe.returncode == 0 else (
                         f"probe of {url} exited {probe.returncode}: {probe.stderr[-300:]}")
+                    if isinstance(self.result, dict):
+                        self.result["key_in_argv"] = [p for p in pids if key.encode() in cmdline(p)]
                     return
             self.done.wait(0.5)
 
@@ -211,21 +199,23 @@ def test_a_run_finishes_with_engines_on_other_nodes_and_one_node_lost(cluster, l
     assert rows[-1]["rollout/replica0/requests"] > 0 and rows[-1]["rollout/replica1/requests"] > 0
 
 
-def test_the_run_key_is_required_on_every_v1_route_from_another_node(lost_node_run):
-    """From node b, during the run: every /v1 route of a running engine (as its OpenAPI lists them) answers 401
-    without the run's key and with a wrong one; with the right key the model list and a completion answer 200.
-    The replica whose node the fault kills after step 1 may die mid-probe; the other one must have answered.
-    (On main at 85b20f9 this held as well, untested: the engines got a per-run key, cluster.with_run_key.)"""
+def test_the_run_key_is_required_on_every_route_from_another_node(lost_node_run):
+    """From node b, during the run: every route of a running engine (each method of each path its OpenAPI lists, and
+    FastAPI's documentation routes) answers 401 without the run's key and with a wrong one; with the right key the
+    model list and a completion answer 200; the key is on no command line of the engine's node. The replica whose
+    node the fault kills after step 1 may die mid-probe; the other one must have answered. Fails on main at 98997ee:
+    `POST /invocations`, `/tokenize`, `/detokenize`, `DELETE /adapters/{name}` answered without the key (vLLM's
+    `--api-key` guards /v1, /v2, /inference, /cohere only), and the key was the engine's argument `--api-key=KEY`."""
     _, job, probes = lost_node_run
     assert job.returncode == 0, job_output(job)
     answered = {name: got for name, got in probes.items() if isinstance(got, dict)}
     assert answered, f"no engine could be probed: {probes}"
     for name, got in answered.items():
-        assert len(got["routes"]) >= 5 and "POST /v1/completions" in got["routes"], got["routes"]
-        open_routes = {route: codes for route, codes in got["routes"].items() if codes != [401, 401]}
-        assert not open_routes, f"engine on node {name}: routes that took a missing or wrong key: {open_routes}"
+        assert {"POST /invocations", "POST /tokenize", "POST /v1/completions"} <= set(got["routes"]), got["routes"]
+        assert not open_routes(got), f"engine on node {name}: routes that took no key or a wrong one: {got['routes']}"
         assert got["models"] == 200 and got["completion"] == 200, f"the right key was refused on node {name}: {got}"
-        print(f"engine on node {name}: {len(got['routes'])} /v1 routes, each 401 without the key and with a wrong one "
+        assert not got["key_in_argv"], f"node {name}: the run's key is on the command line of {got['key_in_argv']}"
+        print(f"engine on node {name}: {len(got['routes'])} routes, each 401 without the key and with a wrong one "
               f"({', '.join(got['routes'])}); right key: models {got['models']}, completion {got['completion']}")
     print("not probed to the end:", {name: got for name, got in probes.items() if name not in answered} or "none")
 
@@ -300,7 +290,8 @@ def test_resume_with_the_learner_on_another_node_restores_the_weights(cluster, l
 
 def test_tinker_service_with_its_parts_on_other_nodes(cluster):
     """`aha tinker` as a Ray job: its driver on the head, the learner on b, its engine on c or d, checkpoints on the
-    bucket; the official SDK, from outside the cluster, trains, samples and saves through it."""
+    bucket; the official SDK, from outside the cluster, trains, samples and saves through it. Its engine, walked from
+    node b, refuses every route without the service's engine key (the key on no command line)."""
     import re
     import time
 
@@ -330,6 +321,14 @@ def test_tinker_service_with_its_parts_on_other_nodes(cluster):
         assert where["driver"] == cluster.ips["head"] and where["learner"].startswith(cluster.ips["b"] + " "), where
         assert where["engines"][0].removeprefix("http://").rsplit(":", 1)[0] in (cluster.ips["c"], cluster.ips["d"])
         assert httpx.get(f"{url}/api/v1/get_server_capabilities", timeout=5).status_code == 401
+        # The service's engine, from node b: every route refuses a request without its key (fails on main at
+        # 98997ee: /invocations, /tokenize and more answered, and a key, if any, was on the engine's command line).
+        engine_node = next(name for name, ip in cluster.ips.items() if where["engines"][0].startswith(f"http://{ip}:"))
+        probe = KeyProbe(cluster, engine_node)
+        probe.run()
+        assert isinstance(probe.result, dict), probe.result
+        assert not open_routes(probe.result) and not probe.result["key_in_argv"], probe.result
+        assert probe.result["completion"] == 200 and "POST /invocations" in probe.result["routes"], probe.result
 
         service = tinker.ServiceClient(base_url=url, api_key=key)
         training = service.create_lora_training_client(base_model="tiny-llama", rank=8, seed=0).result()

@@ -23,6 +23,7 @@ from common.peft_adapter import random_peft_adapter
 from common.sampling import SamplingParams
 from rollout.vllm_server import VllmBackend
 from conftest import running_rollout
+from route_walk import key_holders, open_routes, walk
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,8 @@ def base(rollout):
 
 
 def served_models(rollout: Rollout) -> set[str]:
-    return {m["id"] for m in httpx.get(f"{rollout.base_url}/v1/models", timeout=10).json()["data"]}
+    listed = httpx.get(f"{rollout.base_url}/v1/models", headers=rollout.auth_headers(), timeout=10)
+    return {m["id"] for m in listed.json()["data"]}
 
 
 def test_zero_b_adapter_reproduces_base(rollout, base, tiny_model_dir):
@@ -116,6 +118,27 @@ def test_push_rejects_stale_versions_and_big_ranks(rollout, tiny_model_dir):
     tensors, config = make_adapter(tiny_model_dir, seed=0)
     with pytest.raises(RuntimeError, match="exceeds rollout.backend.max_lora_rank"):
         rollout.push_lora(100, tensors, {**config, "r": 64})
+
+
+def test_every_route_of_the_engine_refuses_a_request_without_the_run_key(rollout):
+    """Every route of the running engine (each method of each path its OpenAPI lists, and FastAPI's documentation
+    routes) answers 401 without the key and with a wrong one, /health alone answers; the run's client, with the key,
+    is served. The key is in the engine's environment and on no process's command line. Fails on main at 98997ee:
+    an engine on the driver's host (loopback) got no key at all, and a keyed one answered `POST /invocations`,
+    `/tokenize`, `/detokenize`, `DELETE /adapters/{name}` without it (vLLM's `--api-key` guards only /v1, /v2,
+    /inference, /cohere), with the key on its command line."""
+    key = rollout.auth_headers()["Authorization"].removeprefix("Bearer ")
+    got = walk(rollout.base_url, key, "base")
+    print(sorted(got["routes"]))
+    assert {"POST /invocations", "POST /tokenize", "POST /detokenize", "POST /v1/completions",
+            "POST /v1/load_lora_adapter"} <= set(got["routes"]), sorted(got["routes"])
+    assert not open_routes(got), f"routes that took a missing or wrong key: {open_routes(got)}"
+    assert got["health"] == 200 and got["models"] == 200 and got["completion"] == 200, got
+    in_env, in_argv = key_holders(key)
+    assert in_env, "no process holds the run's key in its environment: the engine did not get it that way"
+    assert not in_argv, f"the run's key is on the command line of pids {in_argv} (readable by every local user)"
+    print(f"{len(got['routes'])} routes, each refused without the key and with a wrong one; key in the environment "
+          f"of {len(in_env)} engine processes, on no command line")
 
 
 def test_killed_server_is_reported_and_restarted(rollout):

@@ -247,7 +247,8 @@ def test_logprobs_sum_consistently(rollout, prompt):
         assert lp <= max(tops.values()) + 1e-5
     body = {"model": "base", "prompt": prompt + c.token_ids, "max_tokens": 1, "prompt_logprobs": 0,
             "temperature": 1.0}
-    scored = httpx.post(f"{rollout.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    scored = httpx.post(f"{rollout.base_url}/v1/completions", json=body, headers=rollout.auth_headers(),
+                        timeout=60).json()["choices"][0]
     refed = [entry[str(t)]["logprob"] for entry, t in zip(scored["prompt_logprobs"][len(prompt):], c.token_ids,
                                                            strict=True)]
     np.testing.assert_allclose(c.logprobs, refed, atol=1e-3)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import SETUP_HINT
+from route_walk import key_holders, open_routes, walk
 from rollout.client import RolloutClient
 from rollout.config import ClientConfig, VllmConfig
 from common.peft_adapter import random_peft_adapter, write_adapter
@@ -35,6 +36,7 @@ from rollout.vllm_server import VllmBackend
 pytestmark = pytest.mark.integration
 
 RANK = 8
+KEY = "-contract-" + os.urandom(8).hex()  # a leading "-": an argument parser would take it for an option
 # Random tokens: after them the tiny model's next-token distribution is broad at temperature 2 (entropy 9.4 nats;
 # at temperature 1 it is 0.03: the random model's logits are huge).
 PROMPT = [1, 7093, 32549, 26011, 36518, 20194, 24304, 38832, 29206]
@@ -87,10 +89,10 @@ def server(request, tiny_model_dir, tmp_path_factory):
         if not sglang_available():
             pytest.fail(f"SGLang-JAX env missing at {default_sglang_python()}: {SETUP_HINT}", pytrace=False)
         backend = SglangJaxBackend(SglangJaxConfig(max_model_len=256, max_total_tokens=2048,
-                                                   max_running_requests=8), tiny_model_dir,
+                                                   max_running_requests=8, api_key=KEY), tiny_model_dir,
                                    tmp_path_factory.mktemp("sglang"))
     else:
-        backend = VllmBackend(VllmConfig(max_model_len=256, max_lora_rank=RANK, kv_cache_space_gb=1),
+        backend = VllmBackend(VllmConfig(max_model_len=256, max_lora_rank=RANK, kv_cache_space_gb=1, api_key=KEY),
                               tiny_model_dir, tmp_path_factory.mktemp("vllm"))
     try:
         url = backend.start()
@@ -201,6 +203,24 @@ def socket_files(pgid: int) -> set[str]:
 def server_environ(pid: int) -> dict[str, str]:
     entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+def test_every_route_refuses_a_request_without_the_key_on_either_engine(server):
+    """Every route of each engine (each method of each path its OpenAPI lists, and FastAPI's documentation routes)
+    answers 401 without the key and with a wrong one, /health alone answers; the client with the key is served; the
+    key is in the engine's environment, on no command line. Fails on main at 98997ee: the SGLang-JAX app guarded
+    /v1 only (its /docs and /openapi.json answered), vLLM answered `POST /invocations`, `/tokenize`, `/detokenize`
+    and more without the key, and both engines had the key on their command line (readable by every local user)."""
+    backend, _ = server
+    got = walk(backend.base_url, KEY, backend.cfg.served_model_name)
+    assert {"POST /v1/completions", "POST /v1/load_lora_adapter", "GET /openapi.json"} <= set(got["routes"]), got
+    if backend.cfg.kind == "vllm":
+        assert {"POST /invocations", "POST /tokenize", "DELETE /adapters/{adapter_name}"} <= set(got["routes"]), got
+    assert not open_routes(got), f"{backend.engine_name}: routes that took no key or a wrong one: {got['routes']}"
+    assert got["health"] == 200 and got["models"] in (200, 404) and got["completion"] == 200, got
+    in_env, in_argv = key_holders(KEY)
+    assert backend.pid() in in_env, f"{backend.engine_name}'s process {backend.pid()} did not get the key by its env"
+    assert not in_argv, f"the key is on the command line of pids {in_argv} (readable by every local user)"
 
 
 def test_stop_is_idempotent_and_restart_serves_again(server):

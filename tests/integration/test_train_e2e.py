@@ -28,6 +28,7 @@ from orchestration.config.files import load_config
 from tasks import PromptStream, setup_dataset
 from orchestration.metrics import read_metrics
 from rollout.server_process import free_port
+from route_walk import open_routes, walk
 from tasks.render import PromptRenderer
 
 pytestmark = pytest.mark.integration
@@ -266,8 +267,8 @@ def test_serve_answers_with_the_trained_adapter(interrupted_then_resumed):
 
 def serve_and_ask(run_dir: Path, sig: int = signal.SIGTERM) -> None:
     """`python -m orchestration.cli.serve RUN_DIR` serves the run's adapter by name through the run's own engine, behind
-    an API key, for completions and chat completions; stopped by `sig`, it leaves nothing running (SIGTERM: and says
-    so in its last line)."""
+    an API key on every route but /health (tests/integration/route_walk.py), for completions and chat completions;
+    stopped by `sig`, it leaves nothing running (SIGTERM: and says so in its last line)."""
     import httpx
 
     marker = f"serve-{uuid.uuid4().hex}"
@@ -290,6 +291,9 @@ def serve_and_ask(run_dir: Path, sig: int = signal.SIGTERM) -> None:
         auth = {"Authorization": "Bearer secret-key"}
         body = {"model": "trained", "prompt": "Using the numbers", "max_tokens": 5, "temperature": 0}
         assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 401, "API key not enforced"
+        # Every route, not only /v1 (fails on main at 98997ee: /invocations, /tokenize, /detokenize answered)
+        walked = walk(url.removesuffix("/v1"), "secret-key", "trained")
+        assert not open_routes(walked) and walked["completion"] == 200, walked
         reply = httpx.post(f"{url}/completions", json=body, headers=auth, timeout=300)
         assert reply.status_code == 200, reply.text
         assert reply.json()["model"] == "trained"

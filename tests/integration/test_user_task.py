@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,10 +48,12 @@ EXAMPLE = "examples.your_own_task.my_rewards"
 # its timeout, so the daemon must have forked before the bomb starts. With 3 workers the bomb's first call goes out
 # only after 8 calls have answered, one `exits` crash among them, whose worker the pool restarts before the next
 # call (about 0.4 s here); the daemon forks within milliseconds of its call. 2 s timeout: the 6 hanging calls of a
-# scoring cost two rounds of 2 s.
+# scoring cost two rounds of 2 s. `calls_out` comes last, so the calls before the bomb are the ones counted above
+# (placed before the hostile ones, it shifted an `exits` call into the bomb's round: a timeout instead of a crash).
 TERMS = ('rewards.terms=[{fn: "hostile_rewards:daemon"}, '
          f'{{fn: "{EXAMPLE}:correct_answer"}}, {{fn: "{EXAMPLE}:brevity", weight: 0.5, params: {{max_chars: 8}}}}, '
-         + ", ".join(f'{{fn: "hostile_rewards:{name}"}}' for name in ("raises", "exits", *HANGS)) + "]")
+         + ", ".join(f'{{fn: "hostile_rewards:{name}"}}' for name in ("raises", "exits", *HANGS))
+         + ', {fn: "hostile_rewards:calls_out", params: {log_to: CALLS_OUT}}]')
 POOL_USER = 61234
 """The workers' uid (the tests run as root): unused elsewhere, so what is left of the pool shows as its processes,
 and the fork bomb's task bound is not shared with another test's pool (rewards.pool.max_tasks counts per user)."""
@@ -70,8 +73,18 @@ def user_run(tmp_path_factory, tiny_model_dir) -> Path:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
     env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(root / "modules"))
     run_dir = root / "run"
-    proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--config", str(CONFIG), "--run-dir",
-                           str(run_dir), *TINY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # `calls_out` says what it tried in a folder the workers' user may reach (tmp_path's parents are root's alone).
+    calls = Path(tempfile.mkdtemp(prefix="aha-calls-out-"))
+    calls.chmod(0o777)
+    overrides = [arg.replace("CALLS_OUT", f'"{calls / "calls.jsonl"}"') for arg in TINY]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "orchestration.cli.train", "--config", str(CONFIG),
+                               "--run-dir", str(run_dir), *overrides], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=900)
+        if (calls / "calls.jsonl").exists():
+            shutil.copy(calls / "calls.jsonl", root / "calls_out.jsonl")
+    finally:
+        shutil.rmtree(calls)
     assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return run_dir
 
@@ -105,6 +118,21 @@ def test_hostile_rewards_are_counted_in_the_metrics_while_the_run_goes_on(user_r
         assert row["reward/raises"] == row["reward/exits"] == 0.0, "a failed call scores 0 (rewards.on_error: zero)"
         assert all(row[f"reward/{name}"] == 0.0 for name in HANGS)
         assert row["reward/daemon"] == 1.0
+
+
+def test_a_reward_reaches_neither_the_runs_engine_nor_anything_on_the_host(user_run) -> None:
+    """`calls_out` connects, at every call of the run, to every TCP socket listening in the driver's network (its
+    engine on the loopback, Ray's ports, whatever else runs here): none answers, and it scores 0. Fails on main at
+    98997ee: the reward workers shared the host's network and reached all of them."""
+    engine = json.loads((user_run / "summary.json").read_text())["placement"]["engines"][0]
+    calls = [json.loads(line) for line in (user_run.parent / "calls_out.jsonl").read_text().splitlines()]
+    assert len(calls) >= 2 * STEPS, f"calls_out ran {len(calls)} times"
+    engine_at = engine.removeprefix("http://")
+    assert all(engine_at in call["tried"] for call in calls), f"the run's engine {engine_at} was not tried: {calls[0]}"
+    assert all(call["connected"] == [] for call in calls), [call["connected"] for call in calls]
+    assert all(row["reward/calls_out"] == 0.0 for row in read_metrics(user_run))
+    print(f"{len(calls)} calls, each tried {len(calls[0]['tried'])} listening sockets (the engine {engine_at} among "
+          f"them) and reached none: {calls[0]['errors']}")
 
 
 def test_the_run_leaves_no_process_of_its_rewards_behind(user_run) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.cluster.launch import with_run_key
+from rollout.handle import with_run_key
 from orchestration.config.schema import ActorResources, RunConfig
 from orchestration.config.files import load_config
 from orchestration.cluster.resources import demands, shortfall
@@ -72,12 +72,14 @@ def test_server_bound_to_every_interface_reports_a_url_it_can_be_reached_at(tmp_
         server.stop()
 
 
-def test_a_run_key_is_made_unless_the_engine_is_on_loopback():
+def test_a_run_key_is_made_for_every_engine_on_loopback_too():
+    """Fails on main at 98997ee: an engine bound to loopback (the driver's own host) got no key, so any local process
+    (another user, a reward function) could sample from the policy or unload its adapter."""
     rollout = RolloutConfig(backend=VllmConfig())
     keyed = with_run_key(rollout)
     assert keyed.backend.api_key and len(keyed.backend.api_key) >= 24
     assert with_run_key(rollout).backend.api_key != keyed.backend.api_key, "one key per run, not a constant"
-    assert with_run_key(RolloutConfig(backend=VllmConfig(host="127.0.0.1"))).backend.api_key is None
+    assert with_run_key(RolloutConfig(backend=VllmConfig(host="127.0.0.1"))).backend.api_key
     assert with_run_key(RolloutConfig(backend=VllmConfig(api_key="mine"))).backend.api_key == "mine"
 
 

@@ -329,6 +329,34 @@ def test_as_root_a_worker_cannot_raise_its_limits_signal_the_driver_or_write_the
     assert not (workdir / "escaped").exists()
 
 
+@pytest.mark.parametrize("network", [False, True])
+def test_a_reward_reaches_no_socket_of_the_host_unless_the_config_gives_it_the_network(workdir, caplog, network):
+    """By default each worker is in an empty network namespace of its own: a reward that connects to every TCP socket
+    listening on the host (a listener this test holds on the loopback among them; in the training run of
+    tests/integration/test_user_task.py, the run's engine) connects to none, and the pool's start line says so;
+    `rewards.pool.network: true` gives the host's network back (the same reward reaches the listener: the check can
+    fail). Fails on main at 98997ee: workers shared the host's network and `rewards.pool.network` did not exist."""
+    import socket
+
+    log = workdir / "out" / "calls_out.jsonl"
+    with socket.create_server(("127.0.0.1", 0)) as listener, caplog.at_level(logging.INFO, logger="rewards.pool"):
+        here = f"127.0.0.1:{listener.getsockname()[1]}"
+        with rewards({"fn": "user_rewards:calls_out", "params": {"log_to": "out/calls_out.jsonl"}},
+                     pool={"network": network, "workers": 1}) as rs:
+            result = rs.score(samples(["a"]))
+    [call] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert here in call["tried"], f"the reward did not see the listener {here} among {call['tried']}"
+    start = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("reward pool:"))
+    if network:
+        assert here in call["connected"] and result.per_name["calls_out"][0] >= 1, call
+        assert "on the host's network (rewards.pool.network: true)" in start, start
+    else:
+        assert call["connected"] == [] and result.per_name["calls_out"] == [0.0], call
+        # IPv4: no route at all; IPv6: not even a source address (no interface is up)
+        assert set(call["errors"]) <= {"OSError: Network is unreachable", "OSError: Cannot assign requested address"}
+        assert "with no network" in start, start
+
+
 @pytest.mark.parametrize("name, message", [
     ("wrong_length", "returned 1 values for 2 completions"),
     ("not_numbers", "value 0 is str 'high': not a number or None"),

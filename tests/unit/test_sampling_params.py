@@ -162,7 +162,9 @@ def test_rollout_rejects_bad_requests_before_any_network_use(tmp_path):
 @pytest.mark.parametrize("kind", ["vllm", "sglang_jax"])
 def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, kind):
     """`orchestration.cli.serve` builds one backend config for both engines; each engine's command line carries the
-    adapter (merged or attached at start-up, under the run's name) and the API key."""
+    adapter (merged or attached at start-up, under the run's name), and its environment the API key, which is never
+    on the command line (/proc/PID/cmdline is readable by every local user). Fails on main at 98997ee: the key was
+    the argument `--api-key=KEY`."""
     import argparse
 
     from orchestration.config.files import load_config
@@ -170,16 +172,15 @@ def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, k
 
     cfg = load_config(Path(__file__).parents[2] / "configs" / "countdown_smollm2_cpu.yaml",
                       [f"rollout.backend.kind={kind}", "rollout.backend.python=/x/python"])
-    # secrets.token_urlsafe (a run's generated key) starts with "-" one time in 64: as a separate argument, the
-    # engine's argparse took it for an option and the server exited ("--api-key: expected at least one argument").
     key = "-k3y"
     args = argparse.Namespace(host="0.0.0.0", port=8123, api_key=key)
-    cmd = setup_backend(serving_backend(cfg, args, tmp_path / "adapter", "trained"), tmp_path).command(port=8123)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--api-key")
-    assert parser.parse_args([a for a in cmd if a.startswith("--api-key")]).api_key == key
+    backend = setup_backend(serving_backend(cfg, args, tmp_path / "adapter", "trained"), tmp_path)
+    cmd = backend.command(port=8123)
+    assert not any("k3y" in a for a in cmd), cmd
+    assert backend.environment()["AHA_ENGINE_KEY"] == key
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
-    if kind == "vllm":
+    if kind == "vllm":  # vLLM's own --api-key guards only /v1 and a few prefixes: ours guards every route
+        assert cmd[cmd.index("--middleware") + 1] == "aha_engine_key.RequireKey"
         module = json.loads(cmd[cmd.index("--lora-modules") + 1])
         assert module == {"name": "trained", "path": str(tmp_path / "adapter"), "base_model_name": "base"}
     else:
@@ -187,7 +188,7 @@ def test_serve_attaches_the_adapter_and_the_api_key_on_either_engine(tmp_path, k
         assert cmd[cmd.index("--adapter-path") + 1] == str(tmp_path / "adapter")
     bare = setup_backend(serving_backend(cfg, argparse.Namespace(host="127.0.0.1", port=8123, api_key=None), None,
                                          "base"), tmp_path).command(port=8123)
-    assert not {"--lora-modules", "--adapter-path"} & set(bare) and not any(a.startswith("--api-key") for a in bare)
+    assert not {"--lora-modules", "--adapter-path"} & set(bare) and "--middleware" not in bare
 
 
 def test_a_keyed_engine_gets_its_bearer_token_from_the_client_and_the_control_calls(tmp_path):
