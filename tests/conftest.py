@@ -158,15 +158,9 @@ and its children, whatever their process group) can be found afterwards with `ma
 
 def marked_processes(value: str) -> list[int]:
     """Pids of live processes whose environment has MARK=value (a test's leftovers)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:  # exited, or not ours to read
-            continue
-        if f"{MARK}={value}".encode() in environ.split(b"\0"):
-            found.append(int(pid))
-    return found
+    from orchestration.cluster.reaper import processes_with
+
+    return processes_with(MARK, value)
 
 
 def kill_leftovers(pids: list[int]) -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 TAG = "AHA_CLUSTER_ID"
 
 
-def tagged(cluster_id: str) -> list[int]:
-    """Pids of live processes whose environment carries TAG=cluster_id."""
-    needle = f"{TAG}={cluster_id}".encode()
+def processes_with(variable: str, value: str) -> list[int]:
+    """Pids of live processes whose environment (as they were started) has variable=value."""
+    needle = f"{variable}={value}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -44,7 +44,7 @@ def tagged(cluster_id: str) -> list[int]:
 
 def reap(cluster_id: str) -> int:
     """SIGKILL every process of the cluster; how many were still there."""
-    pids = [pid for pid in tagged(cluster_id) if pid != os.getpid()]
+    pids = [pid for pid in processes_with(TAG, cluster_id) if pid != os.getpid()]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)

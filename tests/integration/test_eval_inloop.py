@@ -77,6 +77,27 @@ def test_eval_cli_on_the_run_reports_intervals_and_the_difference(run_dir):
     assert (run_dir / "eval.png").stat().st_size > 10_000
 
 
+def eval_until_generating(run_dir: Path, out: str, **popen) -> tuple[subprocess.Popen, bytes, str]:
+    """`aha eval` on the run (its processes marked), returned once its engine generates (the progress bar on stderr):
+    (the process, its stderr so far, the mark)."""
+    marker = f"eval-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {MARK: marker}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.eval", str(run_dir), "--limit", "6", "--k", "2",
+                             "--progress", "on", "--out", str(run_dir / out)], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, **popen)
+    err = b""
+    deadline = time.monotonic() + 600
+    while b"base:" not in err and time.monotonic() < deadline:
+        chunk = os.read(proc.stderr.fileno(), 65536)
+        if not chunk:
+            break
+        err += chunk
+    if b"base:" not in err:
+        proc.kill()
+        raise AssertionError(f"eval never started generating:\n{err.decode()[-3000:]}")
+    return proc, err, marker
+
+
 def test_eval_stopped_by_sigterm_says_so_in_one_line_and_leaves_no_engine(run_dir):
     """SIGTERM while eval generates: one line, exit 143, the engine shut down.
 
@@ -84,25 +105,14 @@ def test_eval_stopped_by_sigterm_says_so_in_one_line_and_leaves_no_engine(run_di
     re-installed its handlers after `ray.init`, Ray's own C++ SIGTERM handler took the signal
     (`logging.cc: *** SIGTERM received ***`, then `Aborted`).
     """
-    marker = f"eval-{uuid.uuid4().hex}"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {MARK: marker}
 
     def ignore_interrupts() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.eval", str(run_dir), "--limit", "6", "--k", "2",
-                             "--progress", "on", "--out", str(run_dir / "eval-stopped")], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore_interrupts)
-    err = b""
+    proc, err, marker = eval_until_generating(run_dir, "eval-stopped", stdout=subprocess.PIPE,
+                                              preexec_fn=ignore_interrupts)
     try:
-        deadline = time.monotonic() + 600
-        while b"base:" not in err and time.monotonic() < deadline:  # the progress bar: the engine is generating
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            if not chunk:
-                break
-            err += chunk
-        assert b"base:" in err, f"eval never started generating:\n{err.decode()[-3000:]}"
         proc.send_signal(signal.SIGTERM)
         out, rest = proc.communicate(timeout=120)
     finally:
@@ -121,20 +131,9 @@ def test_eval_sigkilled_while_generating_leaves_nothing_running(run_dir):
     """SIGKILL (no handler runs) while eval's engine generates: its Ray cluster and engine end with it, within
     conftest's SIGKILL_CLEANUP_S (orchestration/cluster/reaper.py; fails on main at 98997ee only when Ray's own
     fate sharing is slow, as it was for `aha tinker`: test_quick_e2e.py)."""
-    marker = f"eval-{uuid.uuid4().hex}"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")} | {MARK: marker}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli.eval", str(run_dir), "--limit", "6", "--k", "2",
-                             "--progress", "on", "--out", str(run_dir / "eval-killed")], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    err = b""
+    proc, _, marker = eval_until_generating(run_dir, "eval-killed", stdout=subprocess.DEVNULL,
+                                            start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while b"base:" not in err and time.monotonic() < deadline:  # the progress bar: the engine is generating
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            if not chunk:
-                break
-            err += chunk
-        assert b"base:" in err, f"eval never started generating:\n{err.decode()[-3000:]}"
         proc.kill()
         proc.wait(timeout=60)
     finally:
