@@ -9,8 +9,8 @@ their own, they take signals from the run alone, which ends them itself (`ray.sh
 
 Ray's launcher already does this on Windows (a new process group for each of its processes); on Linux it relies on
 kernel fate sharing (PR_SET_PDEATHSIG, set in its `preexec_fn`), which a new group keeps. That ends the GCS server and
-the raylet with a SIGKILLed driver, not always what they started (Ray's agents outlived `aha tinker`): a watcher ends
-the rest (orchestration/cluster/reaper.py).
+the raylet with a SIGKILLed driver, not always what they started (Ray's agents outlived `aha train` and `aha tinker`):
+a watcher ends the rest (orchestration/cluster/reaper.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,10 @@ def walk(url: str, key: str, model: str, wait_s: float = 600) -> dict:
     "models": and "completion": status with the right key}. Every method of every path the server's OpenAPI lists
     (read with the key) and FastAPI's unlisted documentation routes; a path parameter gets any value."""
     right = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=url, timeout=60) as client:
+    # A connection per request: the quick tier at f34007b had one request of the walk reset ("Connection reset by
+    # peer") on a loaded box, not reproduced since; a kept-alive connection the server closes after its idle timeout
+    # (uvicorn's 5 s) as the client reuses it is the likeliest cause, and a fresh connection cannot meet it.
+    with httpx.Client(base_url=url, timeout=60, headers={"Connection": "close"}) as client:
         deadline = time.monotonic() + wait_s
         while True:  # the engine may still be starting
             try:

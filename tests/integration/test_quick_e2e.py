@@ -4,8 +4,8 @@ for a third, the trained adapter served for one request, and one Tinker forward_
 
 Each entry point ends here by SIGKILL (the OOM killer's, a scheduler's hard stop, a test's timeout), which no handler
 sees: nothing it started may outlive it by more than conftest's SIGKILL_CLEANUP_S (orchestration/cluster/reaper.py;
-on main at 98997ee `aha tinker` SIGKILLed left its engine or Ray's dashboard and runtime-env agents running for 5 s
-to minutes). The full suite holds each entry point in depth (test_train_e2e.py, test_tinker_service.py) and runs
+on main at 98997ee `aha train` and `aha tinker` SIGKILLed left Ray's dashboard and runtime-env agents, or the engine,
+running for 5 s to minutes). The full suite holds each entry point in depth (test_train_e2e.py, test_tinker_service.py) and runs
 this module too.
 """
 
