@@ -4,6 +4,8 @@ What `ray job submit ... -- python -m orchestration.cli.train` runs. It parses a
 importing Ray, JAX or the engine, so config mistakes cost nothing and print one line each (exit code 2).
 SIGINT and SIGTERM are honoured however the process was started (`orchestration.signals`): the run saves its
 last finished step, says so in one line and exits 128 + the signal number; a dead learner actor exits 1.
+The console shows the step, eval, checkpoint and closing lines and aha's warnings and errors; the whole log goes to
+the run directory (orchestration/console.py), and to the console too with `--verbose`.
 """
 
 from __future__ import annotations
