@@ -35,6 +35,7 @@ import numpy as np
 from learner.batch import TrainBatch
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config.schema import RunConfig
+from orchestration.console import CONSOLE
 from orchestration.dynamic_sampling import Drawn, fill_batch
 from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
@@ -81,7 +82,7 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
             maybe_eval(cfg, parts, step, on_sent=evaluation.fault)
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state, phases)
-            log.info("checkpoint saved at step %d", step)
+            log.info("checkpoint saved at step %d", step, extra=CONSOLE)
         with phases.enter("between", step) as between:
             between.fault()
 

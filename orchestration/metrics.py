@@ -17,6 +17,8 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestration.console import CONSOLE
+
 if TYPE_CHECKING:
     from orchestration.config.schema import RunConfig, WandbConfig
     from orchestration.run_dir import RunDir
@@ -62,7 +64,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._write(step, metrics)
-        log.info(self.summary_line(step, metrics))
+        log.info(self.summary_line(step, metrics), extra=CONSOLE)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}")
@@ -74,7 +76,7 @@ class MetricsLog:
         log.info("eval at step %d | accuracy %s | reward %.3f | %.1fs", step,
                  "n/a" if acc is None else f"{acc:.3f} [{metrics['eval/accuracy_low']:.3f}, "
                                            f"{metrics['eval/accuracy_high']:.3f}]",
-                 metrics.get("eval/reward", float("nan")), metrics.get("timing/eval", 0.0))
+                 metrics.get("eval/reward", float("nan")), metrics.get("timing/eval", 0.0), extra=CONSOLE)
 
     def _write(self, step: int, metrics: dict[str, Any], merge: bool = False) -> None:
         row = {"step": step, "time": time.time(), **({"merge": True} if merge else {}),

@@ -23,6 +23,7 @@ from orchestration import signals
 from orchestration.cluster import launch
 from orchestration.cluster.process_tree import already_running, ending_what_it_started
 from orchestration.config.schema import RunConfig
+from orchestration.console import CONSOLE, LOG_FILE, RAY_LOGS, link_ray_logs
 from tasks import PromptStream
 from orchestration.engine_check import EngineMismatchError
 from orchestration.faults import FaultHook
@@ -99,7 +100,8 @@ def serve_restored_policy(parts: Parts, step: int) -> dict | None:
     tensors, adapter_config = parts.learner.save_for_sampler()
     restored = {"step": step, "lora_sha256": peft_adapter.checksum(tensors)}
     parts.rollout.push_lora(step, tensors, adapter_config)
-    log.info("resumed at step %d (adapter version %d pushed; LoRA sha256 %s)", step, step, restored["lora_sha256"])
+    log.info("resumed at step %d (adapter version %d pushed; LoRA sha256 %s)", step, step, restored["lora_sha256"],
+             extra=CONSOLE)
     return restored
 
 
@@ -118,7 +120,9 @@ def finish(cfg: RunConfig, parts: Parts, placement: dict, resumed: dict | None) 
         summary["resumed"] = resumed
     (run_dir.local / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("summary: %s", json.dumps(summary))
-    log.info("serve the trained adapter: aha serve %s", run_dir)
+    log.info("logs: %s (this process), %s/ (Ray: learner, engines)", run_dir.local / LOG_FILE,
+             run_dir.local / RAY_LOGS, extra=CONSOLE)
+    log.info("serve the trained adapter: aha serve %s", run_dir, extra=CONSOLE)
 
 
 def placement_of(parts: Parts) -> dict:
@@ -162,7 +166,8 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
         log.error("could not save step %d (%s); the checkpoint stays at step %d", state.step, exc, state.saved_step)
 
 
-def run(cfg: RunConfig, run_dir: RunDir) -> None:
+def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
+    """The whole run; not `verbose`, the Ray workers' output stays out of the console (orchestration/console.py)."""
     spare = already_running()  # before the first part starts: whatever else runs below this process is not ours
     fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
     environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
@@ -172,7 +177,8 @@ def run(cfg: RunConfig, run_dir: RunDir) -> None:
     parts = state = None
     started_cluster = False
     try:
-        started_cluster = launch.connect(cfg)
+        started_cluster = launch.connect(cfg, verbose)
+        link_ray_logs(run_dir.local)
         signals.install()  # ray.init replaced the SIGTERM handler with sys.exit
         check_shared(run_dir, cfg.train.run_dir_shared, launch.alive_nodes())
         learner = launch.start_learner(cfg, run_dir.path(CHECKPOINTS))

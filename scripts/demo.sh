@@ -8,5 +8,4 @@ run_dir=${RUN_DIR:-runs/demo-$(date +%Y%m%d-%H%M%S)}
 .venv/bin/python -m orchestration.cli.train --config configs/countdown_smollm2_cpu.yaml --run-dir "$run_dir" "$@"
 echo
 echo "done: metrics in $run_dir/metrics.jsonl, plots in $run_dir/plots/, adapter in $run_dir/adapter/"
-echo "serve it:    .venv/bin/aha serve $run_dir"
 echo "evaluate it: .venv/bin/aha eval $run_dir"

@@ -4,6 +4,8 @@ What `ray job submit ... -- python -m orchestration.cli.train` runs. It parses a
 importing Ray, JAX or the engine, so config mistakes cost nothing and print one line each (exit code 2).
 SIGINT and SIGTERM are honoured however the process was started (`orchestration.signals`): the run saves its
 last finished step, says so in one line and exits 128 + the signal number; a dead learner actor exits 1.
+The console shows the step, eval, checkpoint and closing lines and aha's warnings and errors; the whole log goes to
+the run directory (orchestration/console.py), and to the console too with `--verbose`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from orchestration import signals
 from orchestration.config.schema import RunConfig
 from orchestration.config.errors import ConfigError, error_report
 from orchestration.config.files import dump_config, load_config
+from orchestration.console import setup_logging
 from orchestration.run_dir import RunDir, RunDirError
 from common.storage import download, exists
 
@@ -33,6 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run (a folder or gs://...) from its last checkpoint")
     p.add_argument("--run-dir", help="where to write this run: a folder, or gs://bucket/path that every host of a "
                                      "cluster reads (default: train.run_dir)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the whole log on the console (timestamps, every library's INFO lines, the learner's "
+                        "and engines' output); by default it shows the step, eval, checkpoint and closing lines, "
+                        "warnings and errors, and the rest goes to RUN_DIR/train.log and RUN_DIR/ray-logs/")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. learner.optimizer.lr=1e-5")
     args = p.parse_args(argv)
     if args.help_config:
@@ -62,15 +69,6 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, RunDir]:
     return cfg, RunDir(uri)
 
 
-def setup_logging(run_dir: RunDir) -> None:
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(run_dir.local / "train.log")]
-    for h in handlers:
-        h.setFormatter(fmt)
-    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
-
-
 def main(argv: list[str] | None = None) -> int:
     signals.install()
     try:
@@ -90,7 +88,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     dump_config(cfg, run_dir.local / "config.yaml")
     run_dir.sync("config.yaml")
-    setup_logging(run_dir)
+    setup_logging(run_dir.local, args.verbose)
     log.info("run directory: %s", run_dir)
     from tasks import DataError
     from learner.handle import LearnerDied
@@ -99,7 +97,7 @@ def _main(argv: list[str] | None) -> int:
     from orchestration.run import run  # imports Ray, the learner and the engine client
 
     try:
-        run(cfg, run_dir)
+        run(cfg, run_dir, args.verbose)
     except signals.Interrupted as exc:  # run() already said where it stopped and what it saved
         return exc.exit_code()
     except LearnerDied:

@@ -16,6 +16,7 @@ import ray
 from learner.config import LearnerConfig
 from orchestration.config.schema import RayConfig, RunConfig, part_config
 from orchestration.cluster.local_ray import start_local_ray
+from orchestration.console import ray_init_options
 from orchestration.cluster.placement import bundle_hosts, host_chip_coords, reserve_engines, reserve_learner
 from common.model_cache import cache_dir
 from orchestration.cluster.resources import check_cluster_fits
@@ -83,15 +84,18 @@ def settled_chip_bounds(cfg: RunConfig, chips: float, options: dict, env: dict[s
     return _SETTLED[key]
 
 
-def connect(cfg: RunConfig) -> bool:
+def connect(cfg: RunConfig, verbose: bool = True) -> bool:
     """Join the configured cluster, the `ray job submit` cluster (RAY_ADDRESS), or start a private local one.
+    Not `verbose`: the workers' output stays in Ray's session logs, Ray's own lines go to the driver's log file
+    (orchestration/console.py).
 
     Returns True when this process started the cluster (and so should shut it down).
     """
+    options = ray_init_options(verbose)
     ray_cfg: RayConfig = cfg.ray
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, **options)
         log.info("joined Ray cluster at %s", address)
         return False
     # address="local" always starts a new cluster: a bare ray.init() would silently attach to any cluster already
@@ -100,7 +104,7 @@ def connect(cfg: RunConfig) -> bool:
     if cfg.judge_engine is not None:
         needed += cfg.judge_engine.resources.num_cpus
     num_cpus = ray_cfg.num_cpus or max(int(needed) + 1, os.cpu_count() or 1)
-    start_local_ray(num_cpus)
+    start_local_ray(num_cpus, **options)
     log.info("started a local Ray cluster (%d logical CPUs)", num_cpus)
     return True
 

@@ -25,12 +25,13 @@ from common.pins import require_pinned
 from orchestration.cluster.reaper import watch_driver
 
 
-def start_local_ray(num_cpus: int, log_to_driver: bool = True) -> None:
+def start_local_ray(num_cpus: int, log_to_driver: bool = True, configure_logging: bool = True) -> None:
     """A new local cluster (never an existing one: address="local"), its processes in a process group of their own,
     ended with the driver however it ends (orchestration/cluster/reaper.py)."""
     watch_driver()
     with own_process_group():
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+                 configure_logging=configure_logging)
 
 
 @contextlib.contextmanager

@@ -357,7 +357,8 @@ def submit_held(cluster, argv: list[str], fault: str) -> tuple[str, Path]:
     id, the file the driver writes once held; deleting it releases the hold). /dev/shm: every node's and this
     process's (a node's /tmp is its own)."""
     held = Path(f"/dev/shm/aha-held-{uuid.uuid4().hex}")
-    job = cluster.submit(["python", "-m", "orchestration.cli.train", *argv], wait=False, timeout_s=300,
+    # --verbose: the timeline is read from the driver's timestamped log lines (orchestration/console.py)
+    job = cluster.submit(["python", "-m", "orchestration.cli.train", "--verbose", *argv], wait=False, timeout_s=300,
                          env_vars={"AHA_FAULT": fault, "AHA_FAULT_HELD": str(held)})
     found = re.search(r"raysubmit_\w+", job.stdout + job.stderr)
     assert job.returncode == 0 and found, job_output(job)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -28,10 +29,25 @@ from tinker_server import start, stop
 
 pytestmark = pytest.mark.integration
 
+# What `aha train` prints on stdout without --verbose (orchestration/console.py): nothing else, no timestamps.
+CONSOLE_LINES = [re.compile(p) for p in (
+    r"step \d+/\d+ \| reward .*",
+    r"eval at step \d+ \| accuracy .*",
+    r"checkpoint saved at step \d+",
+    r"resumed at step \d+ \(adapter version \d+ pushed; LoRA sha256 \w+\)",
+    r"logs: \S+/train\.log \(this process\), \S+/ray-logs/ \(Ray: learner, engines\)",
+    r"serve the trained adapter: aha serve \S+",
+)]
+
+
+def stray_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if not any(p.fullmatch(line) for p in CONSOLE_LINES)]
+
 
 def test_train_killed_resumed_and_served(tmp_path: Path, tiny_model_dir) -> None:
     """Two steps saved, SIGKILL while the third generates (held there: orchestration/faults.py), nothing left
-    running; --resume finishes the third; the adapter served, and serve SIGKILLed leaves nothing either."""
+    running; --resume finishes the third, printing only the console's lines (fails on main at 99aeed4, which
+    printed the whole log); the adapter served, and serve SIGKILLed leaves nothing either."""
     run_dir, held, marker = tmp_path / "run", tmp_path / "held", uuid.uuid4().hex
     env = clean_env() | {"AHA_FAULT": "generate:hold@3", "AHA_FAULT_HELD": str(held), MARK: marker}
     args = ["--config", str(CONFIG), "--run-dir", str(run_dir), *TINY, "train.steps=3", "train.save_every=1"]
@@ -53,6 +69,12 @@ def test_train_killed_resumed_and_served(tmp_path: Path, tiny_model_dir) -> None
     assert [row["step"] for row in rows] == [1, 2, 3], resumed.stdout[-3000:]
     assert_finite_rows(rows)
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists(), "no final PEFT adapter"
+    # The resumed run's console: its lines only (on main at 99aeed4 every INFO line with a timestamp and logger,
+    # Ray's, JAX's and orbax's lines forwarded from the learner); the rest in the files the closing lines name.
+    assert not stray_lines(resumed.stdout), f"lines outside the console's forms:\n{resumed.stdout[-3000:]}"
+    assert "step 3/3 | reward" in resumed.stdout and "checkpoint saved at step 3" in resumed.stdout, resumed.stdout
+    assert "resumed at step 2" in (run_dir / "train.log").read_text(), "the full log is not in train.log"
+    assert any((run_dir / "ray-logs").glob("worker-*.err")), "ray-logs/ holds no worker output"
     serve_and_ask(run_dir, sig=signal.SIGKILL)
 
 
