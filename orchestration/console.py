@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 CONSOLE = {"console": True}  # `log.info(..., extra=CONSOLE)`: a line the console shows without --verbose
@@ -67,5 +68,7 @@ def link_ray_logs(log_dir: Path) -> Path | None:
     link = log_dir / RAY_LOGS
     if link.is_symlink():  # a resumed run: the link points at this session's logs from now on
         link.unlink()
+    elif link.exists():  # a copied run directory (a copy follows the link): keep the copy beside the new link
+        link.rename(log_dir / f"{RAY_LOGS}.{time.strftime('%Y%m%d-%H%M%S')}")
     link.symlink_to(node.get_logs_dir_path(), target_is_directory=True)
     return link
