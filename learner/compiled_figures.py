@@ -118,8 +118,3 @@ class FigureStore:
         elif found is None and self.kept is not None:
             _write(self.kept / f"{key}.json", figures, label)
         return figures
-
-
-def compile_figures(lowered: Any, devices: list, folder: Path | None) -> Figures:
-    """The analyses of `lowered` compiled for `devices`, kept in (and read back from) `folder` alone."""
-    return FigureStore(shipped=None, kept=folder).figures(lowered, devices, "")

@@ -38,8 +38,9 @@ def refresh(jobs: int) -> int:
     runs = [(config, probe) for probe in (True, False) for config in shipped_tpu_configs()]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max(1, jobs)) as pool:
-        results = list(pool.map(lambda i_run: _one(*i_run[1], Path(tmp) / f"{i_run[0]}.keys"), enumerate(runs)))
-        failed = [line for line in results if line]
+        configs, probes = zip(*runs)
+        keys = [Path(tmp) / f"{i}.keys" for i in range(len(runs))]
+        failed = [line for line in pool.map(_one, configs, probes, keys) if line]
         if failed:
             print("\n".join(failed), file=sys.stderr)
             print("preflight: --refresh-figures: nothing removed (a preflight failed)", file=sys.stderr)
