@@ -205,9 +205,10 @@ def hold_until_signalled(phase: str, step: int, groups: list[int], pids: list[in
     said = False
     while time.monotonic() < deadline and signals.taken() == taken and not (said and path and not os.path.exists(path)):
         if not said and waiting(sys._current_frames().get(main.ident), WAITING_IN[phase]):
-            if path:
-                with open(path, "w") as f:
+            if path:  # written aside and renamed: a watcher polling for the file never reads it empty
+                with open(f"{path}.part", "w") as f:
                     f.write(f"{phase} {step}\n")
+                os.replace(f"{path}.part", path)
             log.warning("%s: %s of step %d held until a signal arrives or %s is deleted", ENV, phase, step, path)
             said = True
         time.sleep(0.01)
