@@ -26,7 +26,7 @@ def toy_batch(seed: int) -> ScoredSamples:
     rng = np.random.default_rng(seed)
     comps = [list(rng.integers(3, 49000, 3 + i)) for i in range(8)]
     return ScoredSamples([list(rng.integers(3, 49000, 6)) for _ in range(8)], comps,
-                      [list(-rng.random(len(c)) - 1) for c in comps], rng.random(8), np.repeat([0, 1], 4))
+                         [list(-rng.random(len(c)) - 1) for c in comps], rng.random(8), np.repeat([0, 1], 4))
 
 
 FRESH = textwrap.dedent("""

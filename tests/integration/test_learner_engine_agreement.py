@@ -119,8 +119,8 @@ def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[ScoredSa
     modelled = SamplingTransform.of(params, model_eos_ids(str(model_dir)))
     unmodelled = modelled._replace(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
     make = lambda s: ScoredSamples([p for p, _ in samples], [c.token_ids for _, c in samples],
-                                [c.logprobs for _, c in samples], rng.random(len(samples)),
-                                np.repeat(np.arange(PROMPTS), N), s)
+                                   [c.logprobs for _, c in samples], rng.random(len(samples)),
+                                   np.repeat(np.arange(PROMPTS), N), s)
     return make(modelled), make(unmodelled)
 
 

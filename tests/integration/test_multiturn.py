@@ -184,11 +184,12 @@ def test_environment_tokens_carry_no_loss(groups, learner):
     turns, episodes = max(((k, v[:2]) for k, v in by_turns.items() if len(v) >= 2), key=lambda kv: kv[0])
     assert turns >= 2, "no two episodes with two model turns: the comparison is vacuous"
     rewards = np.array([1.0, 0.0])  # Dr. GRPO advantages (no std): +0.5 and -0.5 for every row of each episode
-    multi = ScoredSamples([p for p, _ in episodes], [s.token_ids for _, s in episodes], [s.logprobs for _, s in episodes],
-                       rewards, np.zeros(2, np.int32), SamplingTransform.of(PARAMS), [s.mask for _, s in episodes])
+    multi = ScoredSamples([p for p, _ in episodes], [s.token_ids for _, s in episodes],
+                          [s.logprobs for _, s in episodes], rewards, np.zeros(2, np.int32),
+                          SamplingTransform.of(PARAMS), [s.mask for _, s in episodes])
     rows = [(row, r) for (p, s), r in zip(episodes, rewards) for row in split_turns(p, s)]
     split = ScoredSamples([r[0] for r, _ in rows], [r[1] for r, _ in rows], [r[2] for r, _ in rows],
-                       np.array([w for _, w in rows]), np.zeros(len(rows), np.int32), SamplingTransform.of(PARAMS))
+                          np.array([w for _, w in rows]), np.zeros(len(rows), np.int32), SamplingTransform.of(PARAMS))
     start = copy(learner.params)
     # Gradients, not Adam updates: one Adam step moves an element by about lr x sign(gradient), so rounding-level
     # differences between the two layouts' gradients became update differences of 5e-2 of the largest on one
@@ -196,8 +197,8 @@ def test_environment_tokens_carry_no_loss(groups, learner):
     m_multi, g_multi = gradient_from(learner, start, multi)
     m_split, g_split = gradient_from(learner, start, split)
     _, g_leak = gradient_from(learner, start, ScoredSamples(*[getattr(multi, f) for f in
-                                                           ("prompt_ids", "completion_ids", "engine_logprobs",
-                                                            "rewards", "group_ids", "sampling")]))
+                                                              ("prompt_ids", "completion_ids", "engine_logprobs",
+                                                               "rewards", "group_ids", "sampling")]))
     gap = float(np.max(np.abs(g_multi - g_split)) / np.max(np.abs(g_split)))
     norm = lambda g: float(np.linalg.norm(g))  # noqa: E731
     print(f"\ngradient norm: multi-turn row {norm(g_multi):.6g}, its turns as rows {norm(g_split):.6g}, environment "

@@ -28,7 +28,7 @@ def grouped_batch(prompt_lengths: list[int], samples: int, max_completion: int, 
             comps.append(list(rng.integers(3, 500, rng.integers(1, max_completion + 1))))
     n = len(prompts)
     return ScoredSamples(prompts, comps, [list(-rng.random(len(c)) - 0.5) for c in comps], rng.random(n),
-                      np.repeat(np.arange(len(prompt_lengths)), samples), SAMPLING)
+                         np.repeat(np.arange(len(prompt_lengths)), samples), SAMPLING)
 
 
 def one_step(path, batch: ScoredSamples, share: bool, **cfg) -> tuple[Learner, dict, dict]:

@@ -59,6 +59,7 @@ def test_the_row_weights_each_pass_by_its_tokens_and_counts_the_samples_once():
 def test_one_pass_row_is_that_pass_unchanged():
     """On-policy (the demo's default) the row holds the learner's own figures bit for bit."""
     plan = plan_update(GrpoConfig(), scored([0, 1, 0, 1], 2))
-    fb = {"learner/kl": 0.1234567, "learner/loss": 0.3, "learner/completion_tokens": 7.0, "learner/trained_samples": 4.0}
+    fb = {"learner/kl": 0.1234567, "learner/loss": 0.3, "learner/completion_tokens": 7.0,
+          "learner/trained_samples": 4.0}
     row = update_metrics(plan, [(fb, {"learner/grad_norm": 0.7, "learner/step_s": 2.0, "learner/compile_s": 0.0})])
     assert row["learner/kl"] == 0.1234567 and row["learner/grad_norm"] == 0.7 and row["learner/updates"] == 1.0
