@@ -6,7 +6,7 @@ What GRPO means here (one batch = several groups, one group = samples of one pro
   dual-clip (Ye et al. 2020, off by default) pg = min(pg, -c A) for A < 0, c > 1, so a negative-advantage
   token whose ratio has grown large adds a bounded loss (and no gradient);
 - on-policy (one update per batch) pi_old = pi_theta, so the ratio is exactly 1 and neither clip does anything:
-  the only bound on the engine/learner drift is the IS cap below;
+  the only bound on the engine/learner drift is the importance correction below;
 - the engine sampled from its own numerics, so each token's loss is weighted by an importance weight built from
   rho = pi_old / pi_engine (detached; `correction`, see `engine_is_weight`): by default the truncated ratio
   min(rho, cap), both under the *same* sampling transform (temperature, top-k, top-p, min-p): comparing a tempered,
@@ -242,8 +242,9 @@ def grpo_token_loss(
     mismatch = jax.lax.stop_gradient(old_cmp_logp - engine_logp)
     is_ratio = jnp.exp(jnp.clip(mismatch, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     clipped = masked = None
-    if opts.correction == "tis":  # token-level truncated IS (Yao et al. 2025, "Your Efficient RL Framework Secretly
-        # Brings You Off-Policy RL Training"); its ops and their order are the shipped figures' program
+    # tis, token-level truncated IS (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    # Training"), is written out here: its ops, in this order, are the program the shipped preflight figures hash.
+    if opts.correction == "tis":
         is_weight = is_ratio if opts.is_cap is None else jnp.minimum(is_ratio, opts.is_cap)
     else:
         is_weight, clipped, masked = engine_is_weight(mismatch, is_ratio, loss_mask, opts)
