@@ -110,10 +110,24 @@ class GrpoConfig(Strict):
     sums divided by a constant (`norm_tokens`) per sequence (Dr. GRPO, no length bias)."""
     norm_tokens: int = Field(1024, ge=1)
     """The constant of seq-mean-token-sum-norm (usually the generation budget, max_tokens)."""
+    correction: Literal["tis", "seq_tis", "mis", "icepop"] = "tis"
+    """The importance correction against the engine, from rho = pi_learner / pi_engine per sampled token (detached;
+    learner/loss.py `engine_is_weight` cites whose definition each follows): 'tis' weighs each token's policy loss by
+    min(rho, is_cap); 'seq_tis' weighs every token of a sequence by min(product of its rhos, is_cap); 'mis' gives
+    weight rho where rho <= is_cap and 0 above it, per sequence (product) or token (`mis_level`); 'icepop' gives
+    weight rho to tokens with icepop_low <= rho <= icepop_high and masks the others out of the gradient.
+    `learner/is_clip_frac` is the fraction of tokens truncated, `learner/is_masked_frac` of those given weight 0.
+    On-policy (epochs 1, one mini-batch) the PPO ratio is exactly 1, so the clips bound nothing and this correction
+    is the only bound on engine/learner drift."""
     is_cap: float | None = Field(2.0, gt=0)
-    """Truncated importance sampling against the engine: per-token weight min(pi_learner / pi_engine, is_cap);
-    None = no correction (the mismatch is still reported). On-policy (epochs 1, one mini-batch) the PPO ratio is
-    exactly 1, so the clips bound nothing and this cap is the only bound on engine/learner drift."""
+    """The cap of tis, seq_tis and mis (the ratio above which a weight is truncated, or masked by mis); with tis,
+    None = no correction (the mismatch is still reported)."""
+    mis_level: Literal["sequence", "token"] = "sequence"
+    """What mis masks: a whole sequence whose product of ratios exceeds is_cap, or each token whose ratio does."""
+    icepop_low: float = Field(0.5, ge=0)
+    """icepop: tokens with rho below this get weight 0 (IcePop's alpha, 0.5 in Ring-1T)."""
+    icepop_high: float = Field(5.0, gt=0)
+    """icepop: tokens with rho above this get weight 0 (IcePop's beta, 5 in Ring-1T)."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip PPO (Ye et al. 2020): for A < 0 the per-token loss is capped at -dual_clip * A (c > 1, e.g. 3),
     bounding what one token with a very large ratio can contribute; None = off. Like the ratio clips it only
@@ -139,6 +153,21 @@ class GrpoConfig(Strict):
     dynamic sampling, without its refill). The kept tokens then carry the whole loss normalisation, and with
     kl_beta > 0 the left-out samples' KL term is lost. When no group varies, the whole batch is used.
     `learner/zero_adv_frac` (the fraction of such groups) is logged either way."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GrpoConfig:
+        if self.correction in ("seq_tis", "mis") and self.is_cap is None:
+            raise ValueError(f"correction {self.correction} truncates or masks at is_cap, which is null; set "
+                             "learner.grpo.is_cap (e.g. 2.0)")
+        if self.correction == "icepop" and self.icepop_low >= self.icepop_high:
+            raise ValueError(f"icepop_low ({self.icepop_low}) must be below icepop_high ({self.icepop_high}): IcePop "
+                             "keeps the tokens whose ratio lies between them; lower learner.grpo.icepop_low")
+        return self
+
+    @property
+    def corrects_engine(self) -> bool:
+        """Whether the loss weighs tokens by their engine/learner ratio (any correction but tis with no cap)."""
+        return self.correction != "tis" or self.is_cap is not None
 
 
 class LearnerConfig(Strict):

@@ -272,6 +272,7 @@ class Learner:
         out["learner/dual_clip_frac"] = out.pop("learner/dual_clip")
         out["learner/is_ratio_mean"] = out.pop("learner/is_ratio")
         out["learner/is_clip_frac"] = out.pop("learner/is_clip")
+        out["learner/is_masked_frac"] = out.pop("learner/is_masked", 0.0)  # only mis and icepop mask
         out["learner/loss"] = loss
         return out
 

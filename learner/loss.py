@@ -6,10 +6,11 @@ What GRPO means here (one batch = several groups, one group = samples of one pro
   dual-clip (Ye et al. 2020, off by default) pg = min(pg, -c A) for A < 0, c > 1, so a negative-advantage
   token whose ratio has grown large adds a bounded loss (and no gradient);
 - on-policy (one update per batch) pi_old = pi_theta, so the ratio is exactly 1 and neither clip does anything:
-  the only bound on the engine/learner drift is the IS cap below;
-- the engine sampled from its own numerics, so each token's loss is weighted by the truncated IS ratio
-  min(pi_old / pi_engine, cap) (detached), both under the *same* sampling transform (temperature, top-k,
-  top-p, min-p): comparing a tempered, truncated engine distribution with a raw learner one is the usual bug;
+  the only bound on the engine/learner drift is the importance correction below;
+- the engine sampled from its own numerics, so each token's loss is weighted by an importance weight built from
+  rho = pi_old / pi_engine (detached; `correction`, see `engine_is_weight`): by default the truncated ratio
+  min(rho, cap), both under the *same* sampling transform (temperature, top-k, top-p, min-p): comparing a tempered,
+  truncated engine distribution with a raw learner one is the usual bug;
 - + beta * a KL estimator (k1/k2/k3, see `kl_penalty` for which gradient each gives);
 - aggregation as per-token weights (`token_weights`) computed once per mini-batch, so gradient accumulation
   over micro-batches sums to exactly the mini-batch loss.
@@ -137,12 +138,50 @@ class LossOptions(NamedTuple):
     is_cap: float | None = 2.0
     dual_clip: float | None = None  # c > 1: for A < 0 the per-token loss is at most -c A (None = off)
     entropy_coef: float = 0.0  # > 0: the loss subtracts entropy_coef x the sampling distribution's entropy
+    correction: str = "tis"  # the importance weight against the engine: tis, seq_tis, mis, icepop (engine_is_weight)
+    mis_level: str = "sequence"  # mis: mask whole sequences or single tokens
+    icepop_low: float = 0.5  # icepop keeps tokens with icepop_low <= rho <= icepop_high
+    icepop_high: float = 5.0
 
     @classmethod
     def of(cls, grpo) -> LossOptions:
         """The options a `GrpoConfig` (learner/config.py) sets."""
         return cls(grpo.clip_eps_low, grpo.clip_eps_high, grpo.kl_beta, grpo.kl_estimator, grpo.is_cap, grpo.dual_clip,
-                   grpo.entropy_coef)
+                   grpo.entropy_coef, grpo.correction, grpo.mis_level, grpo.icepop_low, grpo.icepop_high)
+
+
+def engine_is_weight(mismatch: jax.Array, is_ratio: jax.Array, loss_mask: jax.Array, opts: LossOptions
+                     ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """The importance weight of the corrections other than `tis`, with the tokens it truncated and the tokens it
+    masked (bool [B, L], None for what a correction never does). `mismatch` = log rho per token, `is_ratio` = rho.
+
+    Definitions (rho = pi_learner / pi_engine, detached; a sequence's rho is the product of its sampled tokens' rhos):
+    - seq_tis: min(rho_seq, is_cap) on every token of the sequence (sequence-level truncated IS: Liu, Li et al.
+      2025, "When Speed Kills Stability", and verl's `rollout_is: sequence`; TRL's `sequence_truncate`);
+    - mis: rho * 1[rho <= is_cap], per sequence (default) or per token: a ratio above the cap gets weight 0 instead
+      of the cap (masked IS, the same post and TRL's `sequence_mask` / `token_mask`; one-sided, as theirs);
+    - icepop: rho * 1[icepop_low <= rho <= icepop_high] per token, two-sided (IcePop, Ling Team / Ant Group,
+      Ring-1T; slime's `icepop_function`; their defaults 0.5 and 5).
+    `tis` (min(rho_t, is_cap) per token) stays inline in `grpo_token_loss`, so the default step's program is the
+    one the shipped preflight figures describe.
+    """
+    if opts.correction == "icepop":
+        keep = (is_ratio >= opts.icepop_low) & (is_ratio <= opts.icepop_high)
+        return jnp.where(keep, is_ratio, 0.0), None, ~keep
+    if opts.correction not in ("seq_tis", "mis"):
+        raise ValueError(f"correction {opts.correction!r}: use tis, seq_tis, mis or icepop")
+    if opts.is_cap is None:
+        raise ValueError(f"correction {opts.correction} needs is_cap")
+    rho = is_ratio
+    if opts.correction == "seq_tis" or opts.mis_level == "sequence":
+        # The product over the sampled tokens, in logs; a masked position's log rho may be anything, so it is
+        # selected out rather than multiplied by 0.
+        log_seq = jnp.sum(jnp.where(loss_mask > 0, mismatch, 0.0), axis=-1, keepdims=True)
+        rho = jnp.broadcast_to(jnp.exp(jnp.clip(log_seq, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), is_ratio.shape)
+    over = rho > opts.is_cap
+    if opts.correction == "seq_tis":
+        return jnp.minimum(rho, opts.is_cap), over, None
+    return jnp.where(over, 0.0, rho), None, over
 
 
 def grpo_token_loss(
@@ -173,10 +212,16 @@ def grpo_token_loss(
         dual = (adv < 0) & (pg > -opts.dual_clip * adv)
         pg = jnp.where(dual, -opts.dual_clip * adv, pg)
 
-    # Truncated IS against the engine: old (pre-update learner) vs engine, both under the sampling transform.
+    # IS against the engine: old (pre-update learner) vs engine, both under the sampling transform.
     mismatch = jax.lax.stop_gradient(old_cmp_logp - engine_logp)
     is_ratio = jnp.exp(jnp.clip(mismatch, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    is_weight = is_ratio if opts.is_cap is None else jnp.minimum(is_ratio, opts.is_cap)
+    clipped = masked = None
+    # tis, token-level truncated IS (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    # Training"), is written out here: its ops, in this order, are the program the shipped preflight figures hash.
+    if opts.correction == "tis":
+        is_weight = is_ratio if opts.is_cap is None else jnp.minimum(is_ratio, opts.is_cap)
+    else:
+        is_weight, clipped, masked = engine_is_weight(mismatch, is_ratio, loss_mask, opts)
     per_token = is_weight * pg
 
     kl = jnp.zeros_like(logp)
@@ -200,8 +245,17 @@ def grpo_token_loss(
         "dual_clip": jnp.sum(m * dual),
         "kl": jnp.sum(m * jax.lax.stop_gradient(kl)),
         "is_ratio": jnp.sum(m * is_ratio),
-        "is_clip": jnp.sum(m * (is_ratio > opts.is_cap)) if opts.is_cap is not None else jnp.zeros(()),
+        # Tokens whose weight the correction truncated; `is_masked` (not with tis): tokens it gave weight 0.
+        "is_clip": (jnp.sum(m * (is_ratio > opts.is_cap)) if opts.is_cap is not None else jnp.zeros(()))
+        if opts.correction == "tis" else _count(m, clipped),
         "logprob_abs_diff": jnp.sum(m * jnp.abs(mismatch)),
         "mismatch_kl": jnp.sum(m * mismatch_kl),
     }
+    if opts.correction != "tis":
+        sums["is_masked"] = _count(m, masked)
     return loss, sums
+
+
+def _count(loss_mask: jax.Array, tokens: jax.Array | None) -> jax.Array:
+    """Sampled tokens among `tokens` (bool [B, L]; None = none)."""
+    return jnp.zeros(()) if tokens is None else jnp.sum(loss_mask * tokens)

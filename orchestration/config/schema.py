@@ -157,9 +157,10 @@ def check_same_transform(backend, sampling: SamplingParams) -> None:
             why = f"{caps.engine} takes its logprobs before {name} and the learner after it"
         else:
             continue
-        raise ValueError(f"rollout.sampling.{name} ({getattr(sampling, name)}): {why}, so learner.grpo.is_cap "
-                         f"would correct against another distribution; set rollout.sampling.{name}: {OFF[name]} "
-                         "or learner.grpo.is_cap: null")
+        raise ValueError(f"rollout.sampling.{name} ({getattr(sampling, name)}): {why}, so the importance "
+                         f"correction (learner.grpo.correction) would correct against another distribution; set "
+                         f"rollout.sampling.{name}: {OFF[name]} or turn the correction off (learner.grpo.correction: "
+                         "tis, learner.grpo.is_cap: null)")
 
 
 class ActorResources(Strict):
@@ -316,7 +317,7 @@ class RunConfig(Strict):
                 f"set learner.grpo.engine_logprobs: {mode.removesuffix('_logprobs')}"
             raise ValueError(f"rollout.backend.kind {backend.kind} returns {mode} but learner.grpo.engine_logprobs "
                              f"is {grpo.engine_logprobs}; {fix}")
-        if grpo.is_cap is not None and mode == "processed_logprobs":
+        if grpo.corrects_engine and mode == "processed_logprobs":
             check_same_transform(backend, self.rollout.sampling)
         return self
 
@@ -326,10 +327,10 @@ class RunConfig(Strict):
         # anything else that changes the engine's processed logprobs would bias the importance correction.
         s, learner = self.rollout.sampling, self.learner
         unmodelled = sorted({"logit_bias", "bad_words", "allowed_token_ids", "logits_processors"} & set(s.extra))
-        if unmodelled and learner.grpo.is_cap is not None:
+        if unmodelled and learner.grpo.corrects_engine:
             raise ValueError(f"rollout.sampling.extra sets {unmodelled}, which the learner does not model, so the "
-                             "importance correction would compare different distributions; remove them or set "
-                             "learner.grpo.is_cap: null")
+                             "importance correction would compare different distributions; remove them or turn the "
+                             "correction off (learner.grpo.correction: tis, learner.grpo.is_cap: null)")
         if needs_history(s) and learner.logprob_chunk == 0:
             raise ValueError("rollout.sampling sets penalties or min_tokens, which learner.logprob_chunk: 0 (the "
                              "dense reference) does not model; set learner.logprob_chunk > 0 (e.g. 128)")

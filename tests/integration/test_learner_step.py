@@ -20,7 +20,7 @@ from learner.sampling import SamplingTransform
 
 pytestmark = pytest.mark.integration
 T, K, P, N, G = 5.0, 50, 8, 8, 8  # temperature, top_k, prompt / completion tokens, group size
-METRICS = ["loss", "grad_norm", "kl", "clip_frac", "is_ratio_mean", "is_clip_frac", "logprob_abs_diff",
+METRICS = ["loss", "grad_norm", "kl", "clip_frac", "is_ratio_mean", "is_clip_frac", "is_masked_frac", "logprob_abs_diff",
            "mismatch_kl", "adv_std", "entropy"]
 
 
@@ -141,6 +141,28 @@ def test_grpo_forward_backward_accumulates_and_only_optim_step_applies(tiny_mode
     learner.optim_step()
     assert any(not np.array_equal(a, b) for a, b in zip(start, flat(learner.params))), "optim_step applied nothing"
     assert policy.grads is None
+
+
+def test_icepop_step_masks_the_tokens_outside_its_band(tiny_model_dir):
+    """learner.grpo.correction: icepop through the real step: with engine logprobs off by N(0, 0.5) noise, the
+    fraction of tokens masked (`learner/is_masked_frac`) is that of the ratios pi_learner / pi_engine outside
+    [icepop_low, icepop_high], counted here from the exact sampling logprobs (the learner reproduces them within
+    1e-4, so one token at the edge may go either way); nothing is truncated. Fails before icepop existed."""
+    low, high = 0.8, 1.5
+    cfg = LearnerConfig.model_validate({
+        "devices": {"offset": 1, "count": 1}, "optimizer": {"lr": 1e-2}, "seq_bucket": 16,
+        "grpo": {"micro_batch_size": 8, "correction": "icepop", "icepop_low": low, "icepop_high": high},
+    })
+    learner = Learner(cfg, tiny_model_dir)
+    rng = np.random.default_rng(3)
+    toks, lps = sample(learner, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
+    noisy = lps + rng.normal(0, 0.5, lps.shape)
+    rho = np.exp(lps - noisy)
+    want = float(np.mean((rho < low) | (rho > high)))
+    metrics = grpo_step(learner, learner.cfg.grpo, batch_from(toks, noisy))
+    assert 0.2 < want < 0.9, f"the band should mask some tokens and keep others here: {want}"
+    assert abs(metrics["learner/is_masked_frac"] - want) <= 1 / rho.size + 1e-9, (metrics, want)
+    assert metrics["learner/is_clip_frac"] == 0 and np.isfinite(metrics["learner/loss"])
 
 
 def test_chunked_logprobs_step_equals_the_dense_reference(tiny_model_dir):

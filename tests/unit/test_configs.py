@@ -148,3 +148,19 @@ def test_engine_is_one_key_and_its_limits_are_checked_at_load():
 def test_lora_rank_must_fit_the_engine():
     with pytest.raises(ConfigError, match=r"learner.lora.rank \(32\) exceeds rollout.backend.max_lora_rank \(16\)"):
         load_config(DEMO, ["learner.lora.rank=32"])
+
+
+def test_engine_corrections_are_checked_at_load():
+    """learner.grpo.correction: a correction that truncates or masks at is_cap refuses a null cap, icepop an empty
+    band, each in one line; and with any correction but tis, `is_cap: null` does not turn the correction off, so
+    an engine whose logprobs the learner cannot reproduce (sglang_jax before top_p) is still refused. Fails before
+    the corrections existed (unknown key)."""
+    with pytest.raises(ConfigError, match=r"^learner.grpo: correction seq_tis truncates or masks at is_cap, which is "
+                                          r"null; set learner.grpo.is_cap"):
+        load_config(DEMO, ["learner.grpo.correction=seq_tis", "learner.grpo.is_cap=null"])
+    with pytest.raises(ConfigError, match=r"icepop_low \(5.0\) must be below icepop_high \(5.0\)"):
+        load_config(DEMO, ["learner.grpo.correction=icepop", "learner.grpo.icepop_low=5"])
+    sglang_top_p = ["rollout.backend.kind=sglang_jax", "rollout.sampling.top_p=0.9", "learner.grpo.is_cap=null"]
+    assert load_config(DEMO, sglang_top_p).learner.grpo.corrects_engine is False
+    with pytest.raises(ConfigError, match=r"takes its logprobs before top_p .*off \(learner.grpo.correction: tis"):
+        load_config(DEMO, [*sglang_top_p, "learner.grpo.correction=icepop"])

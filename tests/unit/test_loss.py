@@ -384,6 +384,66 @@ def test_dual_clip_caps_negative_advantage_tokens():
     np.testing.assert_allclose(pos, pos_plain), "dual-clip must not touch positive advantages"
 
 
+# Two sequences on-policy (PPO ratio 1, so each sampled token's loss is -A x its importance weight), with engine/learner
+# ratios rho = pi_learner / pi_engine of 0.25, 1, 4 (sequence 0) and 2, 6 (sequence 1); the unsampled positions carry
+# ratios of 100 and 1e-3 that must count nowhere (with them, sequence 0's product would be 100, not 1).
+CORRECTION_RHO = np.array([[0.25, 1.0, 4.0, 100.0], [1e-3, 2.0, 6.0, 100.0]])
+CORRECTION_MASK = np.array([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]])
+CORRECTIONS = {  # options -> (hand-computed weight of each sampled token, tokens truncated, tokens masked)
+    "tis": (LossOptions(is_cap=2.0), [[0.25, 1, 2], [2, 2]], 2, None),
+    # products 0.25 x 1 x 4 = 1 and 2 x 6 = 12, the second capped at 2
+    "seq_tis": (LossOptions(is_cap=2.0, correction="seq_tis"), [[1, 1, 1], [2, 2]], 2, 0),
+    # the same products; 12 > 2 gives the whole sequence weight 0
+    "mis": (LossOptions(is_cap=2.0, correction="mis"), [[1, 1, 1], [0, 0]], 0, 2),
+    # per token: 4 and 6 exceed 2 and get 0; a ratio equal to the cap is kept
+    "mis_token": (LossOptions(is_cap=2.0, correction="mis", mis_level="token"), [[0.25, 1, 0], [2, 0]], 0, 2),
+    # two-sided: 0.25 < 0.5 and 6 > 5 masked, 4 and 2 keep their ratio (not capped)
+    "icepop": (LossOptions(correction="icepop", icepop_low=0.5, icepop_high=5.0), [[0, 1, 4], [2, 0]], 0, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECTIONS))
+def test_each_engine_correction_weighs_a_hand_computed_batch(name):
+    """learner.grpo.correction: each correction's loss, gradient and truncated / masked token counts on a batch
+    computed by hand from its definition (learner/loss.py `engine_is_weight` cites whose); the weight is detached
+    (the gradient is weight x the policy term's, nothing through rho). seq_tis, mis and icepop fail before they
+    existed (LossOptions had no `correction`); tis is today's and must stay as it was."""
+    opts, want, want_clip, want_masked = CORRECTIONS[name]
+    adv = np.array([1.0, -2.0])
+    tokens = CORRECTION_MASK.sum()
+    w = CORRECTION_MASK / tokens  # token-mean
+    is_w = np.zeros_like(w)
+    is_w[CORRECTION_MASK > 0] = np.concatenate([np.asarray(r, float) for r in want])
+    old = np.log(np.array([[0.5, 0.2, 0.1, 0.3], [0.4, 0.25, 0.05, 0.6]]))
+    engine = old - np.log(CORRECTION_RHO)
+    j = [jnp.asarray(x, jnp.float32) for x in (old, engine, adv, w, CORRECTION_MASK)]
+
+    def loss_of(logp):
+        return grpo_token_loss(logp, j[0], j[0], j[1], j[2], j[3], j[4], opts)
+
+    (loss, sums), grad = jax.value_and_grad(loss_of, has_aux=True)(j[0])
+    np.testing.assert_allclose(loss, np.sum(w * is_w * -adv[:, None]), rtol=1e-5)
+    np.testing.assert_allclose(grad, w * is_w * -adv[:, None], rtol=1e-5, atol=1e-7)
+    assert float(sums["is_clip"]) == want_clip
+    if want_masked is None:
+        assert "is_masked" not in sums, "tis masks nothing and must keep the program the shipped figures describe"
+    else:
+        assert float(sums["is_masked"]) == want_masked
+    np.testing.assert_allclose(sums["is_ratio"], np.sum(CORRECTION_MASK * CORRECTION_RHO), rtol=1e-5)
+
+
+def test_sequence_corrections_bound_a_long_sequences_product():
+    """A sequence whose log-ratio sum is beyond the clamp (200 tokens at rho = 2: 2^200) gets a finite weight: the
+    cap under seq_tis, 0 under mis; nothing becomes inf or nan."""
+    length = 200
+    old, mask = jnp.zeros((1, length)), jnp.ones((1, length))
+    engine, w = old - jnp.log(2.0), mask / length
+    for opts, weight in [(LossOptions(correction="seq_tis", is_cap=3.0), 3.0), (LossOptions(correction="mis"), 0.0)]:
+        loss, sums = grpo_token_loss(old, old, old, engine, jnp.ones(1), w, mask, opts)
+        np.testing.assert_allclose(loss, -weight, rtol=1e-5)
+        assert all(np.isfinite(float(v)) for v in sums.values()), sums
+
+
 def test_constant_reward_groups_marks_groups_whose_rewards_are_all_equal():
     rewards = np.array([1.0, 1.0, 0.0, 1.0, 0.3, 0.3, 0.3, 0.3])
     groups = np.array([0, 0, 0, 0, 1, 1, 1, 1])
