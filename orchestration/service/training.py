@@ -17,6 +17,7 @@ its seq_id order (orchestration/service/futures.py `Sequencer`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -42,7 +43,7 @@ from learner.token_losses import loss_config
 from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
 from orchestration.service.futures import Outcome, Sequencer, UserError
-from orchestration.service.sampling import LogprobAsk, answer, logprob_ask, sampling_params
+from orchestration.service.sampling import LogprobAsk, answer, logprob_ask, sampling_params, target_params
 from orchestration.service.served import ServedAdapters
 from rollout.protocol import RolloutHandle
 
@@ -286,12 +287,26 @@ class TinkerService:
             raise UserError(f"the prompt's {len(prompt)} tokens leave no room to sample in the context of "
                             f"{self.cfg.rollout.backend.max_model_len} (rollout.backend.max_model_len)")
         params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)), room, ask)
-        if adapter is None:
-            [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params))
-        else:
-            async with self.served.use(adapter):  # loaded again first if the engines had unloaded it
-                [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
-        return Outcome(proto=wire.sample_response(group, answer(group, prompt, ask)))
+        # an adapter is loaded again first if the engines had unloaded it
+        async with contextlib.nullcontext() if adapter is None else self.served.use(adapter):
+            [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
+            scored = await self._score_targets(prompt, ask, adapter)
+        return Outcome(proto=wire.sample_response(group, answer(group, prompt, ask, scored)))
+
+    async def _score_targets(self, prompt: list[int], ask: LogprobAsk, adapter: str | None) -> dict[int, Any]:
+        """target_prompt_logprobs: one request per row that names ids, its prefix the prompt up to that position
+        (the engine's prefix cache shares the prefill between them)."""
+        if ask.target is None:
+            return {}
+        rows = ask.target.rows()
+        check_ids([t for ids in rows.values() for t in ids], self.vocab_size, "target_prompt_logprobs")
+
+        async def score(row: int) -> Any:
+            [[out]] = await self.on_engines(lambda: self.rollout.generate([prompt[:row + 1]], target_params(rows[row]),
+                                                                          adapter=adapter))
+            return out
+
+        return dict(zip(rows, await asyncio.gather(*map(score, rows))))
 
     @staticmethod
     def _chunk_tokens(chunk: dict[str, Any]) -> list[int]:

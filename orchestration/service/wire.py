@@ -15,7 +15,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from common.sampling import Completion
 from learner.token_batch import TokenBatch
 from orchestration.service.futures import UserError
-from orchestration.service.sampling import SampleAnswer, Topk
+from orchestration.service.sampling import SampleAnswer, Target, Topk
 
 _DTYPES = {pb.DTYPE_FLOAT32: "<f4", pb.DTYPE_INT64: "<i8", pb.DTYPE_INT32: "<i4"}
 
@@ -138,7 +138,23 @@ def sample_response(completions: Sequence[Completion], answer: SampleAnswer) -> 
         out.prompt_logprobs = np.asarray(answer.prompt_logprobs, "<f4").tobytes()
     if answer.topk_prompt is not None:
         _topk(out.topk_prompt_logprobs, answer.topk_prompt)
+    if answer.target is not None:
+        _target(out.target_prompt_logprobs, *answer.target)
     return out.SerializeToString()
+
+
+def _target(field: pb.Tensor, values: np.ndarray, asked: Target) -> None:
+    """The target logprobs in the request's layout: dense, or the same CSR cells it named."""
+    field.dtype = pb.DTYPE_FLOAT32
+    field.shape.extend(values.shape)
+    if asked.csr is None:
+        field.dense = np.asarray(values, "<f4").tobytes()
+        return
+    crow, col = asked.csr
+    rows = np.repeat(np.arange(len(crow) - 1), np.diff(crow))
+    field.sparse_csr.values = np.asarray(values[rows, col], "<f4").tobytes()
+    field.sparse_csr.crow_indices = np.asarray(crow, "<i8").tobytes()
+    field.sparse_csr.col_indices = np.asarray(col, "<i8").tobytes()
 
 
 def _topk(field: pb.TopkLogprobs, topk: Topk) -> None:

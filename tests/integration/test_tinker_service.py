@@ -110,9 +110,9 @@ def test_topk_prompt_and_sample_logprobs_are_the_full_distributions_top_k(smol, 
 
 def test_prompt_logprobs_last_n_scores_only_the_last_n_and_unserved_options_are_refused(smol):
     """compute_logprobs and sample with prompt_logprobs_last_n=N: the first len - N prompt positions are None (top-k
-    rows too), the last N equal the whole prompt's. Options no engine here answers (target_prompt_logprobs,
-    prompt_alt_tokens_k), a top-k past rollout.backend.max_logprobs and an N past len(prompt) - 1 are 400s naming
-    them. The old server refused prompt_logprobs_last_n on both calls (a failed future)."""
+    rows too), the last N equal the whole prompt's. An option no engine here answers (prompt_alt_tokens_k), a top-k
+    past rollout.backend.max_logprobs and an N past len(prompt) - 1 are 400s naming them. The old server refused
+    prompt_logprobs_last_n on both calls (a failed future)."""
     sampler = smol.client().create_sampling_client(base_model=BASE).result()
     prompt = types.ModelInput.from_ints(list(range(300, 320)))
     full, n = sampler.compute_logprobs(prompt).result(timeout=120), 6
@@ -123,15 +123,38 @@ def test_prompt_logprobs_last_n_scores_only_the_last_n_and_unserved_options_are_
     rows = out.topk_prompt_logprobs
     assert rows[:-n] == [None] * (20 - n) and all(len(r) == 3 for r in rows[-n:]), rows
     params = types.SamplingParams(max_tokens=1)
-    refusals = {"target_prompt_logprobs": dict(target_prompt_logprobs=types.TensorData(
-                    data=[301] * 19, dtype="int64", shape=[19, 1])),
-                "prompt_alt_tokens_k": dict(prompt_alt_tokens_k=2),
+    refusals = {"prompt_alt_tokens_k": dict(prompt_alt_tokens_k=2),
                 r"topk_prompt_logprobs \(21\).*max_logprobs": dict(topk_prompt_logprobs=21),
                 r"between 1 and len\(prompt\) - 1 \(19\)": dict(include_prompt_logprobs=True,
                                                                   prompt_logprobs_last_n=20)}
     for match, options in refusals.items():
         with pytest.raises(tinker.BadRequestError, match=match):
             sampler.sample(prompt, 1, params, **options).result(timeout=60)
+
+
+def test_target_prompt_logprobs_score_the_named_ids_dense_and_sparse(smol):
+    """sample(target_prompt_logprobs=ids [len - 1, 2]): cell [i, j] is the logprob of ids[i, j] at prompt position
+    i + 1: named as the prompt's own token it equals prompt_logprobs, named as the second of the top 3 it equals that
+    top-k value (to 1e-5); -1 cells are 0.0; a sparse request is answered in its own CSR layout. The old server
+    refused target_prompt_logprobs (a failed future)."""
+    sampler = smol.client().create_sampling_client(base_model=BASE).result()
+    prompt = list(range(300, 320))
+    model_input, params = types.ModelInput.from_ints(prompt), types.SamplingParams(max_tokens=1)
+    full = sampler.sample(model_input, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=3).result(
+        timeout=120)
+    ids = np.asarray([[t, full.topk_prompt_logprobs[i + 1][1][0]] for i, t in enumerate(prompt[1:])], np.int64)
+    ids[:5] = -1  # rows before the first named id are not scored
+    dense = sampler.sample(model_input, 1, params, target_prompt_logprobs=types.TensorData.from_numpy(ids)).result(
+        timeout=120).target_prompt_logprobs.to_numpy()
+    want = np.asarray([[lp, full.topk_prompt_logprobs[i + 1][1][1]] for i, lp in enumerate(full.prompt_logprobs[1:])])
+    want[:5] = 0.0
+    assert dense.shape == (19, 2) and np.allclose(dense, want, atol=1e-5, rtol=0), (dense, want)
+    sparse = types.TensorData(data=[prompt[18], prompt[19]], dtype="int64", shape=[19, 2], sparse_col_indices=[0, 0],
+                              sparse_crow_indices=[0] * 18 + [1, 2])  # rows 17 and 18: positions 18 and 19
+    got = sampler.sample(model_input, 1, params, target_prompt_logprobs=sparse).result(timeout=120)
+    cells = got.target_prompt_logprobs
+    assert (cells.sparse_crow_indices, cells.sparse_col_indices) == (sparse.sparse_crow_indices, [0, 0])
+    assert np.allclose(list(cells.data), full.prompt_logprobs[18:], atol=1e-5, rtol=0), (cells, full.prompt_logprobs)
 
 
 def test_sft_lowers_held_out_loss(smol):

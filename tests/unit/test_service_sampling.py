@@ -14,7 +14,7 @@ from tinker.proto.response_conv import deserialize_sample_response
 
 from common.sampling import Completion
 from orchestration.service.futures import UserError
-from orchestration.service.sampling import answer, logprob_ask
+from orchestration.service.sampling import answer, logprob_ask, target_params
 from orchestration.service.wire import sample_response
 
 PROMPT = [11, 12, 13, 14]
@@ -56,7 +56,11 @@ def test_last_n_leaves_the_earlier_positions_empty():
 
 
 @pytest.mark.parametrize(("body", "engine", "match"), [
-    ({"target_prompt_logprobs": {"data": [1], "dtype": "int64", "shape": [1, 1]}}, "vllm", "target_prompt_logprobs"),
+    ({"target_prompt_logprobs": {"data": [1], "dtype": "int64", "shape": [1, 1]}}, "vllm",
+     r"target_prompt_logprobs: an int64 tensor of shape \[len\(prompt\) - 1, K\] = \[3, K\]"),
+    ({"target_prompt_logprobs": {"data": [-1] * 3, "dtype": "int64", "shape": [3, 1]}}, "vllm", "names no id"),
+    ({"target_prompt_logprobs": {"data": [5, 6, -1], "dtype": "int64", "shape": [3, 1]}}, "sglang_jax",
+     "target_prompt_logprobs: not served on sglang_jax"),
     ({"prompt_alt_tokens_k": 2}, "vllm", "prompt_alt_tokens_k"),
     ({"topk_sample_logprobs": 21}, "vllm", r"topk_sample_logprobs \(21\).*max_logprobs"),
     ({"prompt_logprobs": True, "prompt_logprobs_last_n": 4}, "vllm", r"between 1 and len\(prompt\) - 1 \(3\)"),
@@ -67,3 +71,27 @@ def test_last_n_leaves_the_earlier_positions_empty():
 def test_an_option_the_engine_cannot_answer_is_one_line_naming_it(body, engine, match):
     with pytest.raises(UserError, match=match):
         logprob_ask(body, len(PROMPT), engine, 20)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_target_logprobs_come_back_in_the_requests_layout(sparse):
+    """Ids named at prompt positions 2 and 3 (rows 1 and 2; row 0 names none, so it is not scored): each cell gets
+    the logprob of its id from that row's scoring request, 0.0 where -1; a sparse request is answered sparse."""
+    ids = [[-1, -1], [5, 8], [-1, 14]]
+    body = ({"data": [5, 8, 14], "dtype": "int64", "shape": [3, 2], "sparse_crow_indices": [0, 0, 2, 3],
+             "sparse_col_indices": [0, 1, 1]} if sparse else
+            {"data": [t for row in ids for t in row], "dtype": "int64", "shape": [3, 2]})
+    ask = logprob_ask({"target_prompt_logprobs": body}, len(PROMPT), "vllm", 20)
+    assert ask.target.rows() == {1: [5, 8], 2: [14]}
+    assert target_params([5, 8]).extra["logprob_token_ids"] == [5, 8]
+    scored = {1: Completion([8], [-0.7], "", "length", extra={"top_logprobs": [{"token_id:8": -0.7,
+                                                                                  "token_id:5": -2.5}]}),
+              2: Completion([3], [-0.1], "", "length", extra={"top_logprobs": [{"token_id:3": -0.1,
+                                                                                 "token_id:14": -6.0}]})}
+    out = deserialize_sample_response(sample_response([completion()], answer([completion()], PROMPT, ask, scored)))
+    got = out.target_prompt_logprobs
+    if sparse:  # the SDK densifies a sparse tensor through torch, which this env lacks: read the CSR as sent
+        assert (got.sparse_crow_indices, got.sparse_col_indices) == ([0, 0, 2, 3], [0, 1, 1]) and got.shape == [3, 2]
+        assert list(got.data) == [-2.5, pytest.approx(-0.7), -6.0]
+    else:
+        assert got.to_numpy().tolist() == [[0.0, 0.0], [-2.5, pytest.approx(-0.7)], [0.0, -6.0]]
