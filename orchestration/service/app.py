@@ -251,6 +251,7 @@ class TinkerApp:
         if not body.get("sampling_session_id"):
             raise UserError("asample without a sampling_session_id: create a sampling client first")
         sampler = self.service.sampler(body["sampling_session_id"])
+        self.service.logprob_ask(body)  # an option the engines cannot answer: a 400 now, not a failed future
         n = int(body.get("num_samples", 1))
         ids = [f"{sampler.sampler_id}:{body.get('seq_id', 0)}:{i}" for i in range(n)]
         return self._future("sample", lambda: self.service.sample(sampler, body), sample_sequence_ids=ids)

@@ -17,6 +17,7 @@ its seq_id order (orchestration/service/futures.py `Sequencer`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -33,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from common.peft_adapter import read_adapter, write_adapter
-from common.sampling import SamplingParams
 from common.storage import exists, local_folder, read_text, write_folder, write_text
 from learner.adapter_api import AdamParams
 from learner.config import LoraConfig
@@ -43,6 +43,7 @@ from learner.token_losses import loss_config
 from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
 from orchestration.service.futures import Outcome, Sequencer, UserError
+from orchestration.service.sampling import LogprobAsk, answer, logprob_ask, sampling_params, target_params
 from orchestration.service.served import ServedAdapters
 from rollout.protocol import RolloutHandle
 
@@ -267,29 +268,45 @@ class TinkerService:
             raise UserError(f"no sampling client {sampler_id!r} on this server")
         return self.samplers[sampler_id]
 
+    def prompt_of(self, body: dict[str, Any]) -> list[int]:
+        """A sample request's prompt tokens (text chunks only)."""
+        return [t for chunk in body["prompt"]["chunks"] for t in self._chunk_tokens(chunk)]
+
+    def logprob_ask(self, body: dict[str, Any]) -> LogprobAsk:
+        """The request's logprob options, checked before it is queued (a 400 for one the engines cannot answer)."""
+        backend = self.cfg.rollout.backend
+        return logprob_ask(body, len(self.prompt_of(body)), backend.kind, backend.max_logprobs)
+
     async def sample(self, sampler: Sampler, body: dict[str, Any]) -> Outcome:
-        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-            if body.get(key):
-                raise UserError(f"{key} is not served here (the engine returns one logprob per token)")
-        if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n") is not None:
-            raise UserError("target_prompt_logprobs and prompt_logprobs_last_n are not served here")
         adapter = self.models[sampler.owner].newest if sampler.inflight else sampler.adapter
-        prompt = [t for chunk in body["prompt"]["chunks"] for t in self._chunk_tokens(chunk)]
+        prompt = self.prompt_of(body)
         check_ids(prompt, self.vocab_size, "the prompt")
-        prompt_logprobs = bool(body.get("prompt_logprobs"))
+        ask = self.logprob_ask(body)
         room = self.cfg.rollout.backend.max_model_len - len(prompt)
         if room < 1:
             raise UserError(f"the prompt's {len(prompt)} tokens leave no room to sample in the context of "
                             f"{self.cfg.rollout.backend.max_model_len} (rollout.backend.max_model_len)")
-        params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)), room,
-                                 prompt_logprobs)
-        if adapter is None:
-            [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params))
-        else:
-            async with self.served.use(adapter):  # loaded again first if the engines had unloaded it
-                [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
-        prompt_lp = prompt_token_logprobs(group[0], prompt) if prompt_logprobs else None
-        return Outcome(proto=wire.sample_response(group, prompt_lp))
+        params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)), room, ask)
+        # an adapter is loaded again first if the engines had unloaded it
+        async with contextlib.nullcontext() if adapter is None else self.served.use(adapter):
+            [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
+            scored = await self._score_targets(prompt, ask, adapter)
+        return Outcome(proto=wire.sample_response(group, answer(group, prompt, ask, scored)))
+
+    async def _score_targets(self, prompt: list[int], ask: LogprobAsk, adapter: str | None) -> dict[int, Any]:
+        """target_prompt_logprobs: one request per row that names ids, its prefix the prompt up to that position
+        (the engine's prefix cache shares the prefill between them)."""
+        if ask.target is None:
+            return {}
+        rows = ask.target.rows()
+        check_ids([t for ids in rows.values() for t in ids], self.vocab_size, "target_prompt_logprobs")
+
+        async def score(row: int) -> Any:
+            [[out]] = await self.on_engines(lambda: self.rollout.generate([prompt[:row + 1]], target_params(rows[row]),
+                                                                          adapter=adapter))
+            return out
+
+        return dict(zip(rows, await asyncio.gather(*map(score, rows))))
 
     @staticmethod
     def _chunk_tokens(chunk: dict[str, Any]) -> list[int]:
@@ -381,44 +398,3 @@ def lora_config(given: dict[str, Any]) -> LoraConfig:
     if not targets:
         raise UserError("LoRA config trains neither attention nor MLP: set train_attn or train_mlp")
     return LoraConfig(rank=int(given.get("rank", 32)), alpha=LORA_ALPHA, target_modules=targets)
-
-
-def sampling_params(given: dict[str, Any], n: int, room: int, prompt_logprobs: bool) -> SamplingParams:
-    """The Tinker request's sampling parameters as the engine's (every one checked as `aha train` checks them).
-    max_tokens None: up to the end of the context (`room` tokens after the prompt), or EOS / a stop."""
-    stop = given.get("stop")
-    max_tokens = given.get("max_tokens")
-    fields: dict[str, Any] = {"n": n, "max_tokens": room if max_tokens is None else int(max_tokens),
-                              "temperature": float(given.get("temperature", 1.0)),
-                              "top_k": int(given.get("top_k", -1)), "top_p": float(given.get("top_p", 1.0)),
-                              "logprobs": 0, "skip_special_tokens": False,
-                              # the matched stop string stays in the output, as Tinker's samplers return it
-                              "extra": {"include_stop_str_in_output": True,
-                                        **({"prompt_logprobs": 0} if prompt_logprobs else {})}}
-    if given.get("seed") is not None:
-        fields["seed"] = int(given["seed"]) % 2**31  # the SDK allows 64 bits; the engine takes 31
-    if isinstance(stop, str):
-        fields["stop"] = [stop]
-    elif stop == []:
-        fields["ignore_eos"] = True  # Tinker: an empty stop list means not even EOS stops
-    elif stop and all(isinstance(s, int) for s in stop):
-        fields["stop_token_ids"] = [int(s) for s in stop]
-    elif stop:
-        fields["stop"] = [str(s) for s in stop]
-    try:
-        return SamplingParams(**fields)
-    except ValueError as err:
-        raise UserError(f"sampling_params: {str(err).splitlines()[-1] if str(err) else err}") from None
-
-
-def prompt_token_logprobs(completion: Any, prompt: list[int]) -> list[float | None]:
-    """Each prompt token's logprob from the engine's prompt_logprobs (None for the first, which has no context)."""
-    rows = completion.extra.get("prompt_logprobs")
-    if rows is None or len(rows) != len(prompt):
-        raise RuntimeError(f"the engine returned {None if rows is None else len(rows)} prompt logprobs for "
-                           f"{len(prompt)} prompt tokens")
-    out: list[float | None] = []
-    for token, row in zip(prompt, rows):
-        entry = None if row is None else (row.get(str(token)) or row.get(token))
-        out.append(None if entry is None else float(entry["logprob"]))
-    return out

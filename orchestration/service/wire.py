@@ -7,7 +7,6 @@ as dense or CSR tensors); forward_backward and sample results go back as `Forwar
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +15,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from common.sampling import Completion
 from learner.token_batch import TokenBatch
 from orchestration.service.futures import UserError
+from orchestration.service.sampling import SampleAnswer, Target, Topk
 
 _DTYPES = {pb.DTYPE_FLOAT32: "<f4", pb.DTYPE_INT64: "<i8", pb.DTYPE_INT32: "<i4"}
 
@@ -123,14 +123,41 @@ def forward_backward_output(logprobs: Sequence[np.ndarray], metrics: dict[str, f
     return out.SerializeToString()
 
 
-def sample_response(completions: Sequence[Completion], prompt_logprobs: Sequence[float | None] | None) -> bytes:
-    """A SampleResponse: each sample's tokens, logprobs and stop reason (and the prompt's logprobs if asked)."""
+def sample_response(completions: Sequence[Completion], answer: SampleAnswer) -> bytes:
+    """A SampleResponse: each sample's tokens, logprobs, stop reason and top k if asked; the prompt's logprobs and
+    top k if asked."""
     out = pb.SampleResponse()
-    for c in completions:
+    for i, c in enumerate(completions):
         seq = out.sequences.add()
         seq.stop_reason = pb.STOP_REASON_LENGTH if c.finish_reason == "length" else pb.STOP_REASON_STOP
         seq.tokens = np.asarray(c.token_ids, "<i4").tobytes()
         seq.logprobs = np.asarray(c.logprobs, "<f4").tobytes()
-    if prompt_logprobs is not None:
-        out.prompt_logprobs = np.asarray([math.nan if v is None else v for v in prompt_logprobs], "<f4").tobytes()
+        if answer.topk_samples is not None:
+            _topk(seq.topk_sampled_logprobs, answer.topk_samples[i])
+    if answer.prompt_logprobs is not None:
+        out.prompt_logprobs = np.asarray(answer.prompt_logprobs, "<f4").tobytes()
+    if answer.topk_prompt is not None:
+        _topk(out.topk_prompt_logprobs, answer.topk_prompt)
+    if answer.target is not None:
+        _target(out.target_prompt_logprobs, *answer.target)
     return out.SerializeToString()
+
+
+def _target(field: pb.Tensor, values: np.ndarray, asked: Target) -> None:
+    """The target logprobs in the request's layout: dense, or the same CSR cells it named."""
+    field.dtype = pb.DTYPE_FLOAT32
+    field.shape.extend(values.shape)
+    if asked.csr is None:
+        field.dense = np.asarray(values, "<f4").tobytes()
+        return
+    crow, col = asked.csr
+    rows = np.repeat(np.arange(len(crow) - 1), np.diff(crow))
+    field.sparse_csr.values = np.asarray(values[rows, col], "<f4").tobytes()
+    field.sparse_csr.crow_indices = np.asarray(crow, "<i8").tobytes()
+    field.sparse_csr.col_indices = np.asarray(col, "<i8").tobytes()
+
+
+def _topk(field: pb.TopkLogprobs, topk: Topk) -> None:
+    field.length, field.k = topk.token_ids.shape
+    field.token_ids = np.asarray(topk.token_ids, "<i4").tobytes()
+    field.logprobs = np.asarray(topk.logprobs, "<f4").tobytes()

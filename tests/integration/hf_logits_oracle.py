@@ -6,13 +6,29 @@ Runs in the engine env (torch, transformers, peft), as a script, never imported 
 IN.npz holds `tokens` [B, L] (int); OUT.npz gets `base` (the model alone), and `adapter` (peft with the
 adapter) / `merged` (a merged HF folder) / `second` (another model, e.g. the folder prepared from a GGUF: one process
 instead of two, torch and transformers imported once) when asked: float32 logits [B, L, V]. Python 3.11, no jax.
+Tests in the learner env call it through `reference_logits`.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+from pathlib import Path
 
 import numpy as np
+
+
+def reference_logits(engine_python: Path, model_dir: Path, tokens: np.ndarray, tmp_path: Path, **extra) -> dict:
+    """Run this file in the engine env on `tokens`; returns its npz as a dict (from the learner env's tests)."""
+    inp, out = tmp_path / "tokens.npz", tmp_path / "ref.npz"
+    np.savez(inp, tokens=tokens)
+    cmd = [str(engine_python), str(Path(__file__).resolve()), str(model_dir), str(inp), str(out)]
+    for k, v in extra.items():
+        cmd += [f"--{k}", str(v)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference computation failed:\n{proc.stderr[-3000:]}")
+    return dict(np.load(out))
 
 
 def logits_of(model, tokens: np.ndarray) -> np.ndarray:

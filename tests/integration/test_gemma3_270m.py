@@ -13,7 +13,7 @@ import pytest
 
 from learner.model import forward_logits, load_model
 from common.model_cache import GEMMA3_270M, model_dir
-from test_learner_model import reference_logits
+from hf_logits_oracle import reference_logits
 
 pytestmark = pytest.mark.integration
 PROMPT = "The Eiffel Tower is in the city of"  # greedy: " Paris" with <bos> first (rank 103 without it)

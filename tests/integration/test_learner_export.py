@@ -18,7 +18,8 @@ from learner.config import LearnerConfig
 from learner.learner import Learner
 from orchestration.cli.tiny_models import TINY_FAMILIES
 from common.peft_adapter import merged_deltas, read_adapter
-from test_learner_model import prompt_tokens, reference_logits
+from hf_logits_oracle import reference_logits
+from test_learner_model import prompt_tokens
 
 pytestmark = pytest.mark.integration
 

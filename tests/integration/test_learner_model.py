@@ -10,31 +10,16 @@ so the test proves the fix is what closes the gap.
 from __future__ import annotations
 
 import itertools
-import subprocess
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from hf_logits_oracle import reference_logits
 from learner.model import forward_logits, load_model
 from orchestration.cli.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
-REFERENCE = Path(__file__).resolve().with_name("hf_logits_oracle.py")
-
-
-def reference_logits(engine_python: Path, model_dir: Path, tokens: np.ndarray, tmp_path: Path, **extra) -> dict:
-    """Run tests/integration/hf_logits_oracle.py in the engine env; returns its npz as a dict."""
-    inp, out = tmp_path / "tokens.npz", tmp_path / "ref.npz"
-    np.savez(inp, tokens=tokens)
-    cmd = [str(engine_python), str(REFERENCE), str(model_dir), str(inp), str(out)]
-    for k, v in extra.items():
-        cmd += [f"--{k}", str(v)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"reference computation failed:\n{proc.stderr[-3000:]}")
-    return dict(np.load(out))
 
 
 def prompt_tokens(seed: int, batch: int, length: int) -> np.ndarray:

@@ -63,6 +63,100 @@ def test_first_step_logprobs_are_the_engines(smol):
         assert np.mean(np.abs(engine)) > 0.05, "vacuous: the sampled tokens are near-certain"
 
 
+TOPK = 5
+TEXT = "The capital of France is Paris, and the capital of Italy is"
+
+
+def test_topk_prompt_and_sample_logprobs_are_the_full_distributions_top_k(smol, smollm2_dir, engine_python, tmp_path):
+    """sample(topk_prompt_logprobs=K, topk_sample_logprobs=K): K (id, logprob) per prompt position after the first
+    and per sampled position, in the SDK's shapes, most likely first; they are the top K of transformers' full
+    distribution on the same prefix (set and values, to ENGINE_GAP), and a sampled token among them carries its own
+    logprob. The old server refused both options (a failed future), as tinker-cookbook's distillation sends them."""
+    from transformers import AutoTokenizer
+
+    from hf_logits_oracle import reference_logits
+
+    prompt = AutoTokenizer.from_pretrained(smollm2_dir).encode(TEXT, add_special_tokens=False)
+    sampler = smol.client().create_sampling_client(base_model=BASE).result()
+    out = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(
+        max_tokens=12, temperature=1.0, seed=3, stop=[]), include_prompt_logprobs=True,
+        topk_prompt_logprobs=TOPK, topk_sample_logprobs=TOPK).result(timeout=300)
+    assert out.topk_prompt_logprobs_np.token_ids.shape == (len(prompt), TOPK)
+    assert out.topk_prompt_logprobs[0] is None and all(len(row) == TOPK for row in out.topk_prompt_logprobs[1:])
+    tokens = np.asarray([prompt + seq.tokens for seq in out.sequences])
+    ref = reference_logits(engine_python, smollm2_dir, tokens, tmp_path)["base"].astype(np.float64)
+    ref -= np.log(np.exp(ref - ref.max(-1, keepdims=True)).sum(-1, keepdims=True)) + ref.max(-1, keepdims=True)
+    rows = [(ref[0, i - 1], out.topk_prompt_logprobs[i]) for i in range(1, len(prompt))]  # prompt position i
+    for b, seq in enumerate(out.sequences):
+        assert seq.topk_logprobs_np.token_ids.shape == (len(seq.tokens), TOPK) == (12, TOPK)
+        rows += [(ref[b, len(prompt) + t - 1], seq.topk_logprobs[t]) for t in range(len(seq.tokens))]
+        own = [(lp, dict(top)[tok]) for tok, lp, top in zip(seq.tokens, seq.logprobs, seq.topk_logprobs)
+               if tok in dict(top)]
+        assert own and all(a == b for a, b in own), f"a sampled token's top-k logprob is not its own: {own}"
+    for i, (lp, token) in enumerate(zip(out.prompt_logprobs[1:], prompt[1:]), start=1):
+        top = dict(out.topk_prompt_logprobs[i])
+        assert token not in top or abs(top[token] - lp) < 1e-6, (i, token, top, lp)
+    gaps, misses = [], 0
+    for full, top in rows:
+        ids, lps = np.asarray([t for t, _ in top]), np.asarray([lp for _, lp in top])
+        assert np.all(np.diff(lps) <= 0), f"top-k not most likely first: {top}"
+        gaps.append(np.abs(lps - full[ids]))
+        misses += len(set(ids.tolist()) ^ set(np.argsort(-full)[:TOPK].tolist())) > 0
+    gap = float(np.max(np.concatenate(gaps)))
+    print(f"\n{len(rows)} positions: max |engine - transformers| top-{TOPK} logprob {gap:.2e}, {misses} sets differ")
+    assert gap <= ENGINE_GAP and misses == 0, f"engine top-{TOPK} differ from the full distribution's ({gap:.2e})"
+    assert np.mean([-np.asarray(top)[:, 1].max() for _, top in rows]) > 0.1, "vacuous: every position near-certain"
+
+
+def test_prompt_logprobs_last_n_scores_only_the_last_n_and_unserved_options_are_refused(smol):
+    """compute_logprobs and sample with prompt_logprobs_last_n=N: the first len - N prompt positions are None (top-k
+    rows too), the last N equal the whole prompt's. An option no engine here answers (prompt_alt_tokens_k), a top-k
+    past rollout.backend.max_logprobs and an N past len(prompt) - 1 are 400s naming them. The old server refused
+    prompt_logprobs_last_n on both calls (a failed future)."""
+    sampler = smol.client().create_sampling_client(base_model=BASE).result()
+    prompt = types.ModelInput.from_ints(list(range(300, 320)))
+    full, n = sampler.compute_logprobs(prompt).result(timeout=120), 6
+    last = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=n).result(timeout=120)
+    assert last[:-n] == [None] * (20 - n) and np.allclose(last[-n:], full[-n:], atol=1e-5, rtol=0), (last, full)
+    out = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1), include_prompt_logprobs=True,
+                         topk_prompt_logprobs=3, prompt_logprobs_last_n=n).result(timeout=120)
+    rows = out.topk_prompt_logprobs
+    assert rows[:-n] == [None] * (20 - n) and all(len(r) == 3 for r in rows[-n:]), rows
+    params = types.SamplingParams(max_tokens=1)
+    refusals = {"prompt_alt_tokens_k": dict(prompt_alt_tokens_k=2),
+                r"topk_prompt_logprobs \(21\).*max_logprobs": dict(topk_prompt_logprobs=21),
+                r"between 1 and len\(prompt\) - 1 \(19\)": dict(include_prompt_logprobs=True,
+                                                                  prompt_logprobs_last_n=20)}
+    for match, options in refusals.items():
+        with pytest.raises(tinker.BadRequestError, match=match):
+            sampler.sample(prompt, 1, params, **options).result(timeout=60)
+
+
+def test_target_prompt_logprobs_score_the_named_ids_dense_and_sparse(smol):
+    """sample(target_prompt_logprobs=ids [len - 1, 2]): cell [i, j] is the logprob of ids[i, j] at prompt position
+    i + 1: named as the prompt's own token it equals prompt_logprobs, named as the second of the top 3 it equals that
+    top-k value (to 1e-5); -1 cells are 0.0; a sparse request is answered in its own CSR layout. The old server
+    refused target_prompt_logprobs (a failed future)."""
+    sampler = smol.client().create_sampling_client(base_model=BASE).result()
+    prompt = list(range(300, 320))
+    model_input, params = types.ModelInput.from_ints(prompt), types.SamplingParams(max_tokens=1)
+    full = sampler.sample(model_input, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=3).result(
+        timeout=120)
+    ids = np.asarray([[t, full.topk_prompt_logprobs[i + 1][1][0]] for i, t in enumerate(prompt[1:])], np.int64)
+    ids[:5] = -1  # rows before the first named id are not scored
+    dense = sampler.sample(model_input, 1, params, target_prompt_logprobs=types.TensorData.from_numpy(ids)).result(
+        timeout=120).target_prompt_logprobs.to_numpy()
+    want = np.asarray([[lp, full.topk_prompt_logprobs[i + 1][1][1]] for i, lp in enumerate(full.prompt_logprobs[1:])])
+    want[:5] = 0.0
+    assert dense.shape == (19, 2) and np.allclose(dense, want, atol=1e-5, rtol=0), (dense, want)
+    sparse = types.TensorData(data=[prompt[18], prompt[19]], dtype="int64", shape=[19, 2], sparse_col_indices=[0, 0],
+                              sparse_crow_indices=[0] * 18 + [1, 2])  # rows 17 and 18: positions 18 and 19
+    got = sampler.sample(model_input, 1, params, target_prompt_logprobs=sparse).result(timeout=120)
+    cells = got.target_prompt_logprobs
+    assert (cells.sparse_crow_indices, cells.sparse_col_indices) == (sparse.sparse_crow_indices, [0, 0])
+    assert np.allclose(list(cells.data), full.prompt_logprobs[18:], atol=1e-5, rtol=0), (cells, full.prompt_logprobs)
+
+
 def test_sft_lowers_held_out_loss(smol):
     """cross_entropy on a small JSONL of a fixed pattern, held-out rows of the same pattern scored before/after."""
     import json
