@@ -409,6 +409,8 @@ def test_ray_job_stop_saves_the_last_finished_step_says_so_once_and_stops(job_cl
     exits by itself well before the supervisor's SIGKILL (RAY_JOB_STOP_WAIT_TIME_S, raised in the job's
     runtime_env as docs/running.md says); the job ends STOPPED. Fails on main at 50ebc49: no test stopped a
     submitted job (this one was written with it; the stop path itself held there)."""
+    import httpx
+
     ray_bin, address, env = job_cluster
     run_dir, held, job_id = tmp_path / "run", tmp_path / "held", f"aha-stop-{uuid.uuid4().hex[:8]}"
     runtime_env = json.dumps({"excludes": JOB_EXCLUDES, "env_vars": {
@@ -421,24 +423,29 @@ def test_ray_job_stop_saves_the_last_finished_step_says_so_once_and_stops(job_cl
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert submit.returncode == 0, f"ray job submit failed:\n{submit.stdout[-3000:]}\n{submit.stderr[-2000:]}"
 
-    def job(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([ray_bin, "job", *args, "--address", address, job_id], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout_s)
+    def stop() -> subprocess.CompletedProcess:  # returns once the job has stopped
+        return subprocess.run([ray_bin, "job", "stop", "--address", address, job_id], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=STOP_WAIT_S + 120)
+
+    def status() -> str:
+        return httpx.get(f"{address}/api/jobs/{job_id}", timeout=30).json()["status"]
+
+    def logs() -> str:
+        return httpx.get(f"{address}/api/jobs/{job_id}/logs", timeout=30).json()["logs"]
 
     deadline = time.monotonic() + 900  # a cold learner compiles for minutes on this box
     while not held.exists():
-        status = job("status").stdout
-        if time.monotonic() > deadline or any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
-            job("stop")
-            raise AssertionError(f"not held in learn@1 ({status.strip()[-300:]}):\n{job('logs').stdout[-4000:]}")
+        if time.monotonic() > deadline or status() in ("SUCCEEDED", "FAILED", "STOPPED"):
+            stop()
+            raise AssertionError(f"not held in learn@1 (job {status()}):\n{logs()[-4000:]}")
         time.sleep(1)
     assert held.read_text().split() == ["learn", "1"], held.read_text()
     t0 = time.monotonic()
-    stop = job("stop", timeout_s=STOP_WAIT_S + 120)
+    stopped = stop()
     stopped_s = time.monotonic() - t0
-    status, out = job("status").stdout, job("logs").stdout
-    assert stop.returncode == 0, f"ray job stop failed:\n{stop.stdout[-2000:]}\n{stop.stderr[-2000:]}"
-    assert "STOPPED" in status, status
+    out = logs()
+    assert stopped.returncode == 0, f"ray job stop failed:\n{stopped.stdout[-2000:]}\n{stopped.stderr[-2000:]}"
+    assert status() == "STOPPED", status()
     assert stopped_s < STOP_WAIT_S - 30, f"the driver took {stopped_s:.0f} s: the supervisor's SIGKILL ended it"
     lines = stop_lines(out)
     assert len(lines) == 1, f"expected one stop line, got {lines}:\n{out[-4000:]}"
