@@ -111,9 +111,10 @@ BEFORE_UPDATE = ("generate", "refill", "score")
 def test_train_signalled_from_outside_saves_the_last_finished_step_says_so_once_and_exits(spec, tmp_path,
                                                                                            tiny_model_dir):
     """Fails on main at c3b0474: there was no `hold` fault to reach a phase from outside, and the in-loop eval was no
-    phase (no fault point; a run stopped during it said `phase push`, the last phase entered). The refill, score and
-    between cases fail on main at 50ebc49: `hold` took none of those phases (`AHA_FAULT entry 'score:hold@2': hold
-    needs a phase whose work runs elsewhere`, the run exiting 2 before any step)."""
+    phase (no fault point; a run stopped during it said `phase push`, the last phase entered). The score and between
+    cases fail on main at 50ebc49: `hold` took neither phase (`AHA_FAULT entry 'score:hold@2': hold needs a phase
+    whose work runs elsewhere`, raised before the run starts). The refill case was holdable there but untested (it
+    passes on that main's code)."""
     signum, to_group, overrides = HELD[spec]
     phase, _, step = spec.partition("@")
     run_dir = tmp_path / "run"
