@@ -4,9 +4,10 @@ each phase, and to `aha eval` and `aha serve`.
 `test_train_e2e.py`'s chain signals the run from inside (a watcher thread `pthread_kill`s the main thread). Here the
 test process sends the signal: `os.killpg` on the run's process group, as a terminal's Ctrl-C reaches its foreground
 job, or `os.kill` on the process alone, as a scheduler or `kill PID` does. The phase is reached deterministically,
-not by timing: the test-only `hold` fault (orchestration/faults.py) stops what the phase waits for (the engine, or
-the learner's process) once its work is in flight, and writes the `AHA_FAULT_HELD` file once the main thread waits
-in the phase's own call; the test sends the signal when that file appears, and the hold ends as the signal is taken.
+not by timing: the test-only `hold` fault (orchestration/faults.py) stops what the phase waits for (the engine, the
+learner's process, or the reward pool's workers) once its work is in flight, and writes the `AHA_FAULT_HELD` file
+once the main thread waits in the phase's own call (between steps, where the driver waits on nothing, it holds the
+main thread itself); the test sends the signal when that file appears, and the hold ends as the signal is taken.
 
 Each run ends with the one stop line, the last finished step saved (checkpoint, `saved.json` and its metrics row),
 exit 128 + the signal number, and no process of the run left (every process it started, Ray's and the engine's
