@@ -151,16 +151,16 @@ def test_the_same_eval_twice_gives_the_same_samples_and_figures(run_dir):
     and 0.034 on the same 200 puzzles), and even seeded, a request's engine steps depended on when the requests
     arrived (docs/benchmarks.md, "Evals that reproduce").
 
-    With the run's stop sequence ("\n") the tiny model answers a lone "\n" to every prompt, so two evals agree
-    whatever the engine does: the evals here sample without it (16 tokens each), and the samples are asserted to
-    vary. On main at 50ebc49 the test compared those near-empty samples (with its settings, the check of variety
-    fails: one distinct text of 320).
+    At the run's temperature (0.7) the tiny model answers "\n" to every prompt (p > 0.99999 a token; the run's stop
+    sequence then ends it empty), so two evals agreed whatever the engine did. The evals here sample at temperature
+    2.0 without a stop sequence (16 tokens each), and the samples are asserted to vary. Fails on main at 50ebc49's
+    settings: one distinct text of 320 (and without the stop sequence alone, still one: sixteen "\n").
     """
     reports, outs = [], []
     for name in ("first", "second"):
         out = run_dir / f"eval-{name}"
         run("orchestration.cli.eval", str(run_dir), "--limit", "40", "--k", "4", "--max-tokens", "16", "--progress",
-            "off", "--out", str(out), "rollout.sampling.stop=[]")
+            "off", "--temperature", "2.0", "--out", str(out), "rollout.sampling.stop=[]")
         report = json.loads((out / "eval.json").read_text())
         report.pop("seconds")
         report["command"] = report["command"].replace(str(out), "OUT")
