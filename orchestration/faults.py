@@ -21,9 +21,11 @@ from outside, below). Without `@step` a fault fires at the first step that reach
 No sleeps, no timing: a test names where the fault lands.
 
 `hold` keeps the phase's work in flight until the process takes SIGINT or SIGTERM from outside (a user, a scheduler,
-`ray job stop`): it stops (SIGSTOP) what the phase waits for, the engines (generate, refill, eval, push) or the
-learner's processes (learn, save), and once the main thread waits in the phase's own call (`WAITING_IN`) it writes
-"PHASE STEP" to the file named by `AHA_FAULT_HELD`. The test waits for that file, so it knows where the process is
+`ray job stop`): it stops (SIGSTOP) what the phase waits for, the engines (generate, refill, eval, push), the
+learner's processes (learn, save) or the reward pool's workers (score: a run with a user's `fn` reward), and once the
+main thread waits in the phase's own call (`WAITING_IN`) it writes "PHASE STEP" to the file named by
+`AHA_FAULT_HELD`. Between steps the driver waits on nothing: the hold keeps the main thread itself in the phase's
+fault point, where the signal lands. The test waits for that file, so it knows where the process is
 when it sends the signal; the processes are continued (SIGCONT) as soon as a signal has been taken, when the test
 deletes the file (a release without a signal: it has done what it wanted done meanwhile, e.g. taken a host's link
 down), or after `HOLD_LIMIT_S`. Those processes must be on this host (the tests' box), as the engine kills' are.
@@ -49,9 +51,11 @@ ACTIONS = ("sigint", "sigterm", "sigint_blocked", "sigterm_blocked", "kill_engin
 # The loop's function a phase's blocking Ray call is made from (orchestration/loop.py), for the *_blocked actions.
 BLOCKING_CALLER = {"learn": "collect", "push": "push_lora", "save": "save_checkpoint"}
 # Where the main thread waits while a phase's work is in flight (`hold`): its caller, and what a hold stops.
-WAITING_IN = {"generate": "sample_groups", "refill": "sample_groups", "eval": "sample_groups", **BLOCKING_CALLER}
+WAITING_IN = {"generate": "sample_groups", "refill": "sample_groups", "eval": "sample_groups", "score": "score",
+              **BLOCKING_CALLER}
+# "driver": nothing runs elsewhere; the main thread is held in the fault point itself.
 HELD_PART = {"generate": "engines", "refill": "engines", "eval": "engines", "push": "engines", "learn": "learner",
-             "save": "learner"}
+             "save": "learner", "score": "rewards", "between": "driver"}
 WATCH_LIMIT_S = 600.0
 HOLD_LIMIT_S = 600.0
 ENV = "AHA_FAULT"
@@ -75,9 +79,6 @@ def parse(spec: str) -> list[Fault]:
         if phase not in PHASES or action not in ACTIONS or (step and not step.isdigit()):
             raise ValueError(f"{ENV} entry {part!r} is not phase:action[@step] with phase in {PHASES} and "
                              f"action in {ACTIONS}")
-        if action == "hold" and phase not in HELD_PART:
-            raise ValueError(f"{ENV} entry {part!r}: hold needs a phase whose work runs elsewhere, one of "
-                             f"{tuple(HELD_PART)}")
         faults.append(Fault(phase, action, int(step) if step else None))
     return faults
 
@@ -123,6 +124,8 @@ class FaultHook:
             # One process of a multi-host learner (learner.hosts > 1) is enough to stop the whole group.
             actors = self.parts.learner.actors
             ray.kill(actors[-1], no_restart=True)
+        elif action == "hold" and HELD_PART[self.phase] == "driver":
+            hold_main_thread(self.phase, self.step)
         elif action == "hold":
             groups, pids = held_processes(self.parts, HELD_PART[self.phase])
             for pgid in groups:
@@ -174,14 +177,23 @@ def waiting(frame: Any, caller: str) -> bool:
         return False
     ray_get = frame.f_code.co_name == "get_objects" and "ray" in frame.f_code.co_filename
     lock_wait = frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith("threading.py")
-    return (ray_get or lock_wait) and called_from(frame, caller)
+    # The reward pool waits for its workers' pipes in multiprocessing.connection.wait, a selector's select.
+    pipe_wait = frame.f_code.co_name == "select" and frame.f_code.co_filename.endswith("selectors.py")
+    return (ray_get or lock_wait or pipe_wait) and called_from(frame, caller)
 
 
 def held_processes(parts: Any, part: str) -> tuple[list[int], list[int]]:
     """What a hold stops: (process groups, processes). The engines: each replica's server process group; the
-    learner: each of its processes, found in Ray's actor table (a call to the actor would queue behind its work)."""
+    learner: each of its processes, found in Ray's actor table (a call to the actor would queue behind its work);
+    the rewards: the reward pool's workers."""
     import ray
 
+    if part == "rewards":
+        pool = parts.rewards.pool
+        if pool is None:
+            raise ValueError(f"{ENV} score:hold stops the reward pool's workers, and this run has none: give it a "
+                             "user's reward (a rewards.terms entry with `fn:`)")
+        return [], pool.worker_pids()
     if part == "engines":
         rollout = parts.rollout
         replicas = getattr(rollout, "replicas", None)
@@ -205,11 +217,7 @@ def hold_until_signalled(phase: str, step: int, groups: list[int], pids: list[in
     said = False
     while time.monotonic() < deadline and signals.taken() == taken and not (said and path and not os.path.exists(path)):
         if not said and waiting(sys._current_frames().get(main.ident), WAITING_IN[phase]):
-            if path:  # written aside and renamed: a watcher polling for the file never reads it empty
-                with open(f"{path}.part", "w") as f:
-                    f.write(f"{phase} {step}\n")
-                os.replace(f"{path}.part", path)
-            log.warning("%s: %s of step %d held until a signal arrives or %s is deleted", ENV, phase, step, path)
+            say_held(phase, step, path)
             said = True
         time.sleep(0.01)
     if time.monotonic() >= deadline:
@@ -221,6 +229,26 @@ def hold_until_signalled(phase: str, step: int, groups: list[int], pids: list[in
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+
+
+def say_held(phase: str, step: int, path: str | None) -> None:
+    """Write "PHASE STEP" to the held file (aside and renamed: a watcher polling for it never reads it empty)."""
+    if path:
+        with open(f"{path}.part", "w") as f:
+            f.write(f"{phase} {step}\n")
+        os.replace(f"{path}.part", path)
+    log.warning("%s: %s of step %d held until a signal arrives or %s is deleted", ENV, phase, step, path)
+
+
+def hold_main_thread(phase: str, step: int) -> None:
+    """A hold where the driver waits on nothing (between steps): keep the main thread here, in the phase, until a
+    signal raises in it (Interrupted, out of this sleep), the held file is deleted, or HOLD_LIMIT_S passed."""
+    path = os.environ.get(HELD_ENV)
+    say_held(phase, step, path)
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while time.monotonic() < deadline and not (path and not os.path.exists(path)):
+        time.sleep(0.05)
+    log.warning("%s: %s of step %d released", ENV, phase, step)
 
 
 def signal_when_blocked(signum: int, caller: str | None) -> None:

@@ -32,7 +32,6 @@ KILL_WAIT_S = 10.0
 """Longest a kill waits for the members to be gone (a process in uninterruptible sleep can take a while)."""
 SETTLE_S = 5.0
 """Longest `settle` waits for killed processes to be reaped."""
-_counter = iter(range(1 << 30))
 
 
 class Containment:
@@ -138,7 +137,9 @@ class CgroupV1(CgroupV2):
 
 def setup_containment(max_tasks: int, kind: str = "auto") -> Containment:
     """The strongest container this machine allows (`kind` "auto"), or the one named; its keeper started."""
-    token = f"{os.getpid()}-{next(_counter)}-{os.urandom(4).hex()}"
+    # Random alone: the token is in every worker's environment and cgroup path, and must not tell it the driver's
+    # PID (as another user it cannot signal the driver; nor should it learn whom to aim at).
+    token = os.urandom(8).hex()
     name = f"aha-rewards-{token}"
     box: Containment | None = None
     if kind in ("auto", "cgroup2"):

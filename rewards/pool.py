@@ -271,6 +271,10 @@ class RewardPool:
         fresh.wait_ready(self._where)
         return fresh
 
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids (what a test's hold at the score phase stops, orchestration/faults.py)."""
+        return [worker.proc.pid for worker in self._workers]
+
     def close(self) -> None:
         """Kill every worker and all they started, remove the container (idempotent)."""
         for worker in self._workers:

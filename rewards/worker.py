@@ -6,9 +6,9 @@ hostile model output may raise, hang, exit, eat memory, fork or daemonise; here 
 Before it imports any of it, the worker confines itself (rewards/confinement.py): it joins the pool's container,
 so all it starts can be killed with it; caps memory, tasks, file size and open files; runs as an unprivileged
 user when started as root; and dies with the driver (PR_SET_PDEATHSIG), even when a call holds the GIL in C code.
-It is not told the driver's PID. Its replies are JSON (numbers, None, short strings): the driver never unpickles
-what user code could shape. stdout goes to stderr, which the pool reads (a stray print lands in the run's log, a
-flood is cut), and SIGINT is ignored (the driver owns Ctrl-C). A forked copy of the worker that returns from a
+Nothing it is given names the driver's PID (its pool token is random). Its replies are JSON (numbers, None, short
+strings): the driver never unpickles what user code could shape. stdout goes to stderr, which the pool reads (a
+stray print lands in the run's log, a flood is cut), and SIGINT is ignored (the driver owns Ctrl-C). A forked copy of the worker that returns from a
 reward exits without a word, so only the worker answers. The driver enforces the per-call timeout by killing the
 worker's container, and replaces a worker that died.
 """

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from rollout.capabilities import check_sampling
+from rollout.port_owner import group_listens_on
 from common.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class ServerProcess:
         dial = self.dial_host or ("127.0.0.1" if self.bind_host in WILDCARD else self.bind_host)
         self.base_url = f"http://{dial}:{port}"  # the health check below dials it too, as the driver will
         try:
-            self._wait_healthy()
+            self._wait_healthy(port)
         except BaseException:
             self.stop()
             raise
@@ -215,8 +216,11 @@ class ServerProcess:
         """The address the server listens on (loopback when the config leaves it to the actor and none decided)."""
         return self.cfg.host if self.cfg.host is not None else "127.0.0.1"
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, port: int) -> None:
+        """Until the server we started answers /health 200 on `port`: an answer from another process that took the
+        port first (rollout/port_owner.py) does not count; our server then exits on the taken port (PortTaken)."""
         deadline = time.monotonic() + self.cfg.start_timeout_s
+        impostor = False
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = self.log_tail()
@@ -226,8 +230,18 @@ class ServerProcess:
                     f"{self.engine_name} server exited with code {self._proc.returncode} during start-up{why}; last "
                     f"lines of {self._log_path}:\n{tail}")
             if self._healthy(timeout_s=2.0):
-                return
+                if group_listens_on(self._proc.pid, port):
+                    return
+                if not impostor:
+                    log.warning("%s: /health answers 200, but no process of the %s server started here listens on "
+                                "port %d: another process holds it; waiting for ours", self.base_url,
+                                self.engine_name, port)
+                    impostor = True
             time.sleep(0.5)
+        if impostor:
+            raise RuntimeError(f"{self.engine_name} server never listened on port {port}: another process holds it "
+                               f"and answers /health there; free the port or set another (read {self._log_path}):\n"
+                               f"{self.log_tail()}")
         given = "set" if self.cfg.startup_timeout_s else f"the default for {self.cfg.kind} on {self.cfg.platform}"
         raise RuntimeError(f"{self.engine_name} server not healthy after {self.cfg.start_timeout_s:.0f} s ({given}); "
                            "raise rollout.backend.startup_timeout_s (judge_engine.backend.startup_timeout_s for a "

@@ -334,14 +334,10 @@ def wait_for_dashboard(head: subprocess.Popen, port: int, timeout_s: float) -> N
     raise AssertionError(f"Ray dashboard on port {port} not up after {timeout_s} s")
 
 
-# Two engine replicas and two learner processes (test_replicas.py tests the fleet itself).
-SCALED_OUT = ["rollout.replicas=2", "learner.hosts=2", "rollout.backend.kv_cache_space_gb=1", "train.steps=3"]
-
-
-def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp_path, tiny_model_dir):
-    """`ray job submit` against a cluster this test starts (own ports and temp dir, stopped by process group), with
-    2 engine replicas and 2 learner processes (the job's driver joins the cluster it is submitted to); one replica is
-    killed after step 1 and the run finishes with no step lost while the other keeps serving."""
+@pytest.fixture(scope="module")
+def job_cluster(tmp_path_factory):
+    """A Ray cluster this module starts (own ports and temp dir, stopped by process group) for `ray job` commands:
+    (the ray executable, the job API's address, the environment to run it in)."""
     venv_bin = str(Path(sys.executable).parent)
     env = clean_env() | {"PATH": venv_bin + os.pathsep + os.environ["PATH"], "RAY_USAGE_STATS_ENABLED": "0",
                          "RAY_AUTH_MODE": "disabled"}  # a private loopback cluster; Ray 2.60 defaults to token auth
@@ -356,19 +352,11 @@ def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp
          f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
          f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
          f"--dashboard-agent-grpc-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0"],
-        env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_dir = tmp_path / "run"
+        env=env, cwd=tmp_path_factory.mktemp("ray-head"), start_new_session=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_dashboard(head, dash, timeout_s=180)
-        runtime_env = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", "runs", "*.pyc"],
-                                  "env_vars": {"AHA_FAULT": "between:kill_engine@1"}})  # one replica only
-        job = subprocess.run(
-            [f"{venv_bin}/ray", "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(ROOT),
-             "--runtime-env-json", runtime_env, "--", "python", "-m", "orchestration.cli.train", "--config",
-             "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir), *TINY, *SCALED_OUT],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-        assert job.returncode == 0, f"ray job submit failed:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"
-        assert "succeeded" in job.stdout.lower(), job.stdout[-3000:]
+        yield f"{venv_bin}/ray", f"http://127.0.0.1:{dash}", env
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGTERM)
@@ -378,6 +366,29 @@ def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(head.pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+# The job's working directory: the repository without its environments and runs.
+JOB_EXCLUDES = [".git", ".venv", ".venv-vllm", "runs", "*.pyc"]
+# Two engine replicas and two learner processes (test_replicas.py tests the fleet itself).
+SCALED_OUT = ["rollout.replicas=2", "learner.hosts=2", "rollout.backend.kv_cache_space_gb=1", "train.steps=3"]
+
+
+def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(job_cluster, tmp_path, tiny_model_dir):
+    """`ray job submit` against the module's cluster, with 2 engine replicas and 2 learner processes (the job's
+    driver joins the cluster it is submitted to); one replica is killed after step 1 and the run finishes with no
+    step lost while the other keeps serving."""
+    ray_bin, address, env = job_cluster
+    run_dir = tmp_path / "run"
+    runtime_env = json.dumps({"excludes": JOB_EXCLUDES,
+                              "env_vars": {"AHA_FAULT": "between:kill_engine@1"}})  # one replica only
+    job = subprocess.run(
+        [ray_bin, "job", "submit", "--address", address, "--working-dir", str(ROOT),
+         "--runtime-env-json", runtime_env, "--", "python", "-m", "orchestration.cli.train", "--config",
+         "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir), *TINY, *SCALED_OUT],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert job.returncode == 0, f"ray job submit failed:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"
+    assert "succeeded" in job.stdout.lower(), job.stdout[-3000:]
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3], "a step was lost to the replica restart"
     assert_finite_rows(rows)
@@ -386,3 +397,59 @@ def test_ray_job_submit_runs_three_scaled_out_steps_through_a_killed_replica(tmp
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists(), "process 0 did not export the adapter"
     # Both replicas served (requests are cumulative since the fleet started).
     assert all(rows[-1][f"rollout/replica{i}/requests"] > 0 for i in (0, 1)), rows[-1]
+
+
+# Longer than the supervisor's default 3 s: an update held to the signal must finish and save (docs/running.md).
+STOP_WAIT_S = 300
+
+
+def test_ray_job_stop_saves_the_last_finished_step_says_so_once_and_stops(job_cluster, tmp_path, tiny_model_dir):
+    """`ray job stop` of a submitted run held in its step-1 update (`learn:hold@1`, orchestration/faults.py): the
+    job's supervisor sends the driver SIGTERM; the run finishes the update, saves step 1, prints one stop line and
+    exits by itself well before the supervisor's SIGKILL (RAY_JOB_STOP_WAIT_TIME_S, raised in the job's
+    runtime_env as docs/running.md says); the job ends STOPPED. Fails on main at 50ebc49: no test stopped a
+    submitted job (this one was written with it; the stop path itself held there)."""
+    import httpx
+
+    ray_bin, address, env = job_cluster
+    run_dir, held, job_id = tmp_path / "run", tmp_path / "held", f"aha-stop-{uuid.uuid4().hex[:8]}"
+    runtime_env = json.dumps({"excludes": JOB_EXCLUDES, "env_vars": {
+        "AHA_FAULT": "learn:hold@1", "AHA_FAULT_HELD": str(held), "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S)}})
+    submit = subprocess.run(
+        [ray_bin, "job", "submit", "--address", address, "--working-dir", str(ROOT), "--no-wait",
+         "--submission-id", job_id, "--runtime-env-json", runtime_env, "--", "python", "-m",
+         "orchestration.cli.train", "--config", "configs/countdown_smollm2_cpu.yaml", "--run-dir", str(run_dir),
+         *TINY, "train.steps=2", "train.save_every=0"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert submit.returncode == 0, f"ray job submit failed:\n{submit.stdout[-3000:]}\n{submit.stderr[-2000:]}"
+
+    def stop() -> subprocess.CompletedProcess:  # returns once the job has stopped
+        return subprocess.run([ray_bin, "job", "stop", "--address", address, job_id], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=STOP_WAIT_S + 120)
+
+    def status() -> str:
+        return httpx.get(f"{address}/api/jobs/{job_id}", timeout=30).json()["status"]
+
+    def logs() -> str:
+        return httpx.get(f"{address}/api/jobs/{job_id}/logs", timeout=30).json()["logs"]
+
+    deadline = time.monotonic() + 900  # a cold learner compiles for minutes on this box
+    while not held.exists():
+        if time.monotonic() > deadline or status() in ("SUCCEEDED", "FAILED", "STOPPED"):
+            stop()
+            raise AssertionError(f"not held in learn@1 (job {status()}):\n{logs()[-4000:]}")
+        time.sleep(1)
+    assert held.read_text().split() == ["learn", "1"], held.read_text()
+    t0 = time.monotonic()
+    stopped = stop()
+    stopped_s = time.monotonic() - t0
+    out = logs()
+    assert stopped.returncode == 0, f"ray job stop failed:\n{stopped.stdout[-2000:]}\n{stopped.stderr[-2000:]}"
+    assert status() == "STOPPED", status()
+    assert stopped_s < STOP_WAIT_S - 30, f"the driver took {stopped_s:.0f} s: the supervisor's SIGKILL ended it"
+    lines = stop_lines(out)
+    assert len(lines) == 1, f"expected one stop line, got {lines}:\n{out[-4000:]}"
+    assert "at phase learn of step 1 (interrupted by SIGTERM); checkpoint saved at step 1;" in lines[0], lines[0]
+    assert "Traceback" not in out, out[-4000:]
+    assert saved_step(run_dir) == 1 and json.loads((run_dir / "saved.json").read_text())["step"] == 1
+    assert [r["step"] for r in read_metrics(run_dir)] == [1], "the finished update's row"

@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import pwd
+import re
 import signal
 import subprocess
 import sys
@@ -327,6 +328,20 @@ def test_as_root_a_worker_cannot_raise_its_limits_signal_the_driver_or_write_the
             args = Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().split(b"\0")
             assert str(os.getpid()).encode() not in args, "the worker was told the driver's PID"
     assert not (workdir / "escaped").exists()
+
+
+def test_a_worker_is_not_told_the_drivers_pid(workdir) -> None:
+    """What a worker is given, its environment's pool token (AHA_REWARD_POOL) and its cgroup's path, carries no PID of
+    the driver. Fails on main at 50ebc49: the token began with it (`<driver pid>-<n>-<hex>:<slot>`), in both."""
+    driver = re.compile(rf"(?<![0-9a-f]){os.getpid()}(?![0-9a-f])")
+    with rewards({"fn": "user_rewards:ok"}) as rs:
+        assert rs.score(samples(["a"])).per_name["ok"] == [1.0]
+        for worker in rs.pool._workers:
+            environ = Path(f"/proc/{worker.proc.pid}/environ").read_bytes().split(b"\0")
+            token = next(v.decode() for v in environ if v.startswith(f"{TOKEN_VAR}=".encode()))
+            cgroup = Path(f"/proc/{worker.proc.pid}/cgroup").read_text()
+            for told in (token, cgroup):
+                assert not driver.search(told), f"the worker was told the driver's PID {os.getpid()}: {told!r}"
 
 
 @pytest.mark.parametrize("network", [False, True])

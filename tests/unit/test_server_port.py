@@ -6,8 +6,10 @@ checked by hand on 2026-11-28, not in the suite: it would cost an engine start).
 
 from __future__ import annotations
 
+import http.server
 import socket
 import sys
+import threading
 
 import pytest
 
@@ -68,3 +70,47 @@ def test_a_configured_port_that_is_taken_is_an_error_that_says_so(tmp_path):
         taken = r"(?s)a port it binds was taken: .* or one of its own\); last lines of .*Address already in use"
         with pytest.raises(RuntimeError, match=taken):
             server.start()
+
+
+class Answers200(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class Thief(Late):
+    """The same stand-in, whose port is taken first by an HTTP server that answers every GET 200 (/health too):
+    a real listener in this test's process, not the server started."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.thieves: list[http.server.HTTPServer] = []
+
+    def command(self, port: int) -> list[str]:
+        if not self.thieves:
+            thief = http.server.HTTPServer(("127.0.0.1", port), Answers200)
+            threading.Thread(target=thief.serve_forever, daemon=True).start()
+            self.thieves.append(thief)
+        return [sys.executable, "-c", self.SERVE, str(port)]
+
+
+def test_a_port_thief_that_answers_health_is_not_taken_for_the_engine(tmp_path, caplog):
+    """Another process takes the engine's port first and answers /health 200: the start does not take it for the
+    engine (no process of the engine's group listens there), waits for its own server, which exits on the taken
+    port, and starts it again on another port. Fails on main at 50ebc49: the start returned the thief's address at
+    its first /health answer, and every request would have gone to the thief."""
+    server = Thief(VllmConfig(python=sys.executable, startup_timeout_s=30), tmp_path, tmp_path)
+    try:
+        url = server.start()
+        stolen = server.thieves[0].server_address[1]
+        assert not url.endswith(f":{stolen}"), f"the thief on port {stolen} was taken for the engine: {url}"
+        assert server.is_alive(), url
+        assert any("another process holds it" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        server.stop()
+        for thief in server.thieves:
+            thief.shutdown()
+            thief.server_close()
