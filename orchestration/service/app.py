@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from orchestration.service.checkpoints import Conflict, SaveOptions
+from orchestration.service.checkpoints import SaveOptions
 from orchestration.service.futures import Futures, Outcome, QueueFull, UserError
 from orchestration.service.rest import FILES, RestRoutes
 from orchestration.service.training import TinkerService, TrainingModel, training_model_id
@@ -112,8 +112,6 @@ class TinkerApp:
             if err.status == 404:
                 return detail(404, f"{request.method} {request.path}: no such route on this server")
             return detail(err.status, f"{request.method} {request.path}: {err.reason}")
-        if isinstance(err, Conflict):
-            return detail(409, str(err))
         if isinstance(err, (UserError, ValueError, TypeError)):
             return detail(400, str(err))
         if isinstance(err, KeyError):

@@ -48,10 +48,6 @@ class SaveOptions:
         return cls(None if ttl is None else int(ttl), metadata, overwrite)
 
 
-class Conflict(Exception):
-    """The checkpoint is already in the state asked for (the SDK documents a 409 for publish and unpublish)."""
-
-
 def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -140,8 +136,8 @@ class CheckpointRecords:
     def set_public(self, path: paths.TinkerPath, public: bool) -> None:
         with self._lock:
             row = self.checkpoint(path)
-            if row.get("public", False) == public:
-                raise Conflict(f"{path} is already {'public' if public else 'private'}")
+            if row.get("public", False) == public:  # the SDK documents a 409, which its own client retries for
+                raise UserError(f"{path} is already {'public' if public else 'private'}")  # minutes: a 400
             self._append(path.model_id, {**row, "public": public})
 
     def set_ttl(self, path: paths.TinkerPath, ttl_seconds: int | None) -> None:

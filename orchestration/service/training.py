@@ -280,6 +280,8 @@ class TinkerService:
         """A sampler of a named checkpoint (sampler_weights, or a training state's weights exported anew)."""
         where = paths.parse(model_path)
         await self.on_engines(self._sweep_run, where)
+        if not await self.on_engines(exists, where.location(self.root)):  # deleted or expired (even if still served)
+            raise UserError(f"{model_path}: no checkpoint there ({where.location(self.root)})")
         served = "ckpt-" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
         if served not in self.served:
             if where.kind == "sampler_weights":

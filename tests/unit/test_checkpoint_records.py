@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.service.checkpoints import CheckpointRecords, Conflict, SaveOptions
+from orchestration.service.checkpoints import CheckpointRecords, SaveOptions
 from orchestration.service.futures import UserError
 from orchestration.service.paths import TinkerPath, join_run
 
@@ -62,7 +62,7 @@ def test_publish_delete_and_expiry(records, tmp_path):
     records.note(a)
     records.note(b, ttl_seconds=1)
     records.set_public(a, True)
-    with pytest.raises(Conflict, match="already public"):
+    with pytest.raises(UserError, match="already public"):
         records.set_public(a, True)
     assert records.checkpoint(a)["public"] is True
     records.delete(a)
