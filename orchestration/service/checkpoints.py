@@ -167,11 +167,11 @@ class CheckpointRecords:
         rows: dict[str, dict[str, Any]] = {}
         for line in read_text(index).splitlines() if exists(index) else []:
             row = json.loads(line)
-            rows.pop(row["checkpoint_id"], None)  # a checkpoint saved again goes to the end, as its time says
+            rows.pop(row["checkpoint_id"], None)
             if not row.get("deleted"):
                 rows[row["checkpoint_id"]] = {"public": False, "user_metadata": None, "expires_at": None,
                                               "size_bytes": None, **row}
-        return rows
+        return dict(sorted(rows.items(), key=lambda item: item[1]["time"]))  # in save order (a change keeps it)
 
     def _append(self, model_id: str, row: dict[str, Any]) -> None:
         append_text(paths.join_run(self.root, model_id, "checkpoints.jsonl"), json.dumps(row) + "\n")
