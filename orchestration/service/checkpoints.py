@@ -15,11 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from common.storage import append_text, exists, file_sizes, join, list_names, read_text, remove, write_text
+from common.storage import append_text, exists, file_sizes, is_uri, join, list_names, read_text, remove, write_text
 from orchestration.service import paths
 from orchestration.service.futures import UserError
 
@@ -65,7 +66,12 @@ class CheckpointRecords:
             path = paths.join_run(self.root, model_id, "run.json")
             if exists(path):  # a client loaded again keeps the time it was created
                 record = {"created_at": json.loads(read_text(path)).get("created_at"), **record}
-            write_text(path, json.dumps({"created_at": now().isoformat(), **record}))
+            text = json.dumps({"created_at": now().isoformat(), **record})
+            if is_uri(path):  # an object is replaced whole
+                write_text(path, text)
+            else:  # a file is renamed into place, so a listing never reads it half written
+                write_text(f"{path}.tmp", text)
+                os.replace(f"{path}.tmp", path)
 
     def run_ids(self) -> list[str]:
         """Every training client with a record, oldest first."""
@@ -165,7 +171,7 @@ class CheckpointRecords:
     def _rows(self, model_id: str) -> dict[str, dict[str, Any]]:
         index = paths.join_run(self.root, model_id, "checkpoints.jsonl")
         rows: dict[str, dict[str, Any]] = {}
-        for line in read_text(index).splitlines() if exists(index) else []:
+        for line in (read_text(index) if exists(index) else "").split("\n")[:-1]:  # a line being written has no \n yet
             row = json.loads(line)
             rows.pop(row["checkpoint_id"], None)
             if not row.get("deleted"):
