@@ -348,8 +348,8 @@ def test_tinker_checkpoint_list_and_download_work_against_the_server(smol, tmp_p
     """`tinker checkpoint list` (one run's and the user's) shows a saved state and sampler weights with their
     metadata and size, and `tinker checkpoint download` of the state (the CLI loads it into a new training client,
     exports it with save_weights_external, fetches each file from its signed URL, deletes the export) gives the PEFT
-    adapter of exactly those weights. On the old server the user listing, save_weights_external and the URLs route
-    answered 404, so both commands failed with "Resource not found"."""
+    adapter of exactly those weights. On the old server the listing had no user_metadata or size, and the user
+    listing, save_weights_external and the URLs route answered 404 (both commands: "Resource not found")."""
     import safetensors.numpy
 
     training = trained(smol, seed=4)
