@@ -37,14 +37,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def make_batch(vocab: int, prompts: int, samples: int, prompt_len: int, completion_len: int, seed: int = 0):
     import numpy as np
 
-    from learner.batch import TrainBatch
+    from orchestration.update import ScoredSamples
 
     rng = np.random.default_rng(seed)
     n = prompts * samples
     prompt_ids = [list(p) for p in rng.integers(3, vocab, (prompts, prompt_len)).repeat(samples, 0)]
     completions = [list(rng.integers(3, vocab, completion_len)) for _ in range(n)]
     logprobs = [list(-rng.random(completion_len) * 2) for _ in range(n)]
-    return TrainBatch(prompt_ids, completions, logprobs, rng.random(n), np.repeat(np.arange(prompts), samples))
+    return ScoredSamples(prompt_ids, completions, logprobs, rng.random(n), np.repeat(np.arange(prompts), samples))
 
 
 def matmul_flops_per_s(n: int = 2048, reps: int = 5) -> float:
@@ -159,6 +159,7 @@ def main() -> None:
     from learner.learner import Learner
     from learner.model import read_hf_config
     from common.model_cache import model_dir
+    from orchestration.update import grpo_step
 
     path = model_dir(args.model)
     hf = read_hf_config(path)
@@ -167,7 +168,7 @@ def main() -> None:
     learner = Learner(cfg, path)
     batch = make_batch(hf["vocab_size"], args.prompts, args.samples, args.prompt_len, args.completion_len)
     peak_flops = matmul_flops_per_s()
-    steps = {"ours": learner.step}
+    steps = {"ours": lambda scored: grpo_step(learner, learner.cfg.grpo, scored)}
     for change in args.vs:
         key, _, value = change.partition("=")
         tree = cfg.model_dump()
@@ -176,7 +177,8 @@ def main() -> None:
         for part in parents:
             node = node[part]
         node[leaf] = yaml.safe_load(value)
-        steps[change] = Learner(LearnerConfig.model_validate(tree), path).step
+        changed = Learner(LearnerConfig.model_validate(tree), path)
+        steps[change] = lambda scored, changed=changed: grpo_step(changed, changed.cfg.grpo, scored)
     if args.tunix:
         steps["tunix"] = tunix_step_fn(learner, batch, args.samples)
     medians = time_steps(steps, batch, args.steps)

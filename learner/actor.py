@@ -4,7 +4,7 @@ how the driver calls it).
 Nothing here is CPU-specific: Ray reserves what the driver asks (the run config's `learner.resources`: CPUs, GPUs,
 `TPU` chips), and inside the actor `jax.devices()` are what Ray exposed (a TPU host's chips, or fake CPU devices
 when the driver's runtime_env sets XLA_FLAGS). The learner then takes its `devices` slice of those. Adapters leave
-as numpy arrays through Ray's object store (`lora_tensors`), so the rollout server never needs a shared filesystem.
+as numpy arrays through Ray's object store (`save_for_sampler`), so the rollout server never needs a shared filesystem.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ import ray
 
 from common.affinity import pin_process
 from learner.config import LearnerConfig
+
+# The Learner's methods a driver may call (learner/handle.py wraps each under the same name).
+PRIMITIVES = ("forward", "forward_backward", "optim_step", "save_for_sampler", "export", "add_adapter",
+              "drop_adapter", "save_state", "load_state", "save", "restore")
 
 
 class LearnerWorker:
@@ -59,45 +63,20 @@ class LearnerWorker:
         initialize(coordinator, num_processes, process_id)
         self._build()
 
-    def forward_backward(self, batch, loss: str = "grpo", adapter: str = "policy", config: dict | None = None,
-                         forward_only: bool = False) -> dict:
-        return self.learner.forward_backward(batch, loss, adapter, config, forward_only)
+    def call(self, name: str, *args: Any) -> Any:
+        """Run the Learner's primitive `name` (learner/learner.py; learner/handle.py names each one once).
 
-    def optim_step(self, adapter: str = "policy", adam=None) -> dict[str, float]:
-        return self.learner.optim_step(adapter, adam)
-
-    def lora_tensors(self, adapter: str = "policy") -> tuple[dict, dict] | None:
-        """The PEFT tensors from process 0; None from the others (they only take part in the gather)."""
+        Process 0 alone answers with what leaves the learner (the adapter's tensors, an exported folder); the
+        others take part in the collective gather and answer None."""
         from learner.distributed import is_primary
 
-        out = self.learner.lora_tensors(adapter)
-        return out if is_primary() else None
-
-    def export_lora(self, out_dir: str, adapter: str = "policy") -> str:
-        from learner.distributed import is_primary
-
-        if not is_primary():  # the gather is collective; one process writes
-            self.learner.lora_tensors(adapter)
-            return str(out_dir)
-        return self.learner.export_lora(out_dir, adapter)
-
-    def add_adapter(self, name: str, lora, seed: int = 0) -> None:
-        self.learner.add_adapter(name, lora, seed)
-
-    def drop_adapter(self, name: str) -> None:
-        self.learner.drop_adapter(name)
-
-    def save_adapter(self, name: str, directory: str) -> None:
-        self.learner.save_adapter(name, directory)
-
-    def load_adapter(self, name: str, directory: str, optimizer: bool = True):
-        return self.learner.load_adapter(name, directory, optimizer)
-
-    def save(self, step: int, extra: dict | None = None) -> None:
-        self.learner.save(step, extra)
-
-    def restore(self) -> tuple[int, dict]:
-        return self.learner.restore()
+        if name not in PRIMITIVES:
+            raise ValueError(f"the learner has no primitive {name!r}; it has {PRIMITIVES}")
+        if name == "export" and not is_primary():  # the gather is collective; one process writes
+            self.learner.save_for_sampler(*args[1:])
+            return None
+        out = getattr(self.learner, name)(*args)
+        return out if name != "save_for_sampler" or is_primary() else None
 
     def node(self) -> str:
         """Where this process runs: its Ray node's address and the host name (for placement logs and errors)."""

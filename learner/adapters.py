@@ -23,13 +23,10 @@ from learner.lora import apply_lora
 
 @dataclass
 class OpenUpdate:
-    """An update forward_backward opened and optim_step closes: when it began, the grad norms of the updates
-    already applied (several per GRPO batch with epochs or mini-batches), how many updates it makes in all, and
-    the process's compile seconds when it began (learner/compile_time.py)."""
+    """An update forward_backward opened and optim_step closes: when it began, and the process's compile seconds
+    then (learner/compile_time.py)."""
 
     t0: float
-    norms: list[float]
-    updates: int
     compiled_before: float = 0.0
 
 

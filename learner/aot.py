@@ -82,7 +82,8 @@ def abstract_model(hf: dict[str, Any], cfg: LearnerConfig, mesh: Mesh) -> tuple[
 
 @dataclass(frozen=True)
 class Geometry:
-    """The shapes one GRPO step runs with (what `Learner.step` derives from the batch size)."""
+    """The shapes one GRPO step runs with (what the loop's update plan and the Learner's packing derive from the batch
+    size)."""
 
     rows: int  # sequences per step, padded to whole mini-batches
     micro: int  # sequences per forward/backward
@@ -109,7 +110,11 @@ def geometry(cfg: LearnerConfig, batch_size: int, max_sequence: int, max_complet
     """Step shapes for `batch_size` sequences of at most `max_sequence` tokens (`max_completion` of them generated),
     via the Learner's own rules (batch.pack buckets the completion window like the sequence)."""
     learner = SimpleNamespace(cfg=cfg, _data_parallel=data_parallel)
-    micro, mini, rows = Learner._batch_geometry(learner, batch_size)
+    # The loop sends one forward_backward per mini-batch of grpo.mini_batch_size samples (orchestration/update.py);
+    # each is packed into `mini` rows of `micro`-row micro-batches.
+    mini_size = min(cfg.grpo.mini_batch_size or batch_size, batch_size)
+    micro, mini = Learner._batch_geometry(learner, mini_size)
+    rows = -(-batch_size // mini_size) * mini
     length = bucket_length(max_sequence, cfg.seq_bucket)
     window = min(bucket_length(max_completion, cfg.seq_bucket), length)
     return Geometry(rows, micro, mini, length, window, cfg.grpo.epochs)

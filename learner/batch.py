@@ -1,4 +1,7 @@
-"""TrainBatch: what the loop hands the learner, and its packing into padded, bucketed arrays.
+"""TrainBatch: what the loop hands the learner for one GRPO update, and its packing into padded, bucketed arrays.
+
+The loop has already turned rewards into advantages and split the step into mini-batches
+(orchestration/update.py): a TrainBatch is one forward_backward's samples, each with its advantage.
 
 Sequences are prompt + completion, right-padded to a multiple of `bucket` tokens so the jitted step sees few
 distinct shapes. Arrays are laid out for next-token prediction: position t predicts token t+1, so
@@ -22,13 +25,14 @@ from learner.sampling import SamplingTransform
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """One GRPO batch: B samples, ragged token lists, the engine's per-token logprobs and sampling transform."""
+    """B samples of a GRPO update: ragged token lists, the engine's per-token logprobs and sampling transform, and
+    each sample's advantage."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     engine_logprobs: list[list[float]]
-    rewards: np.ndarray  # [B]
-    group_ids: np.ndarray  # [B]; samples of one prompt share an id
+    advantages: np.ndarray  # [B]
+    group_ids: np.ndarray  # [B]; samples of one prompt share an id (the learner keeps them in one micro-batch)
     sampling: SamplingTransform = SamplingTransform()  # what the engine sampled from (see learner/sampling.py)
     completion_mask: list[list[int]] | None = None
     """Per completion token: 1 = sampled by the model (trained on), 0 = appended by an environment (context only; its
@@ -39,7 +43,7 @@ class TrainBatch:
         sizes = {
             "completion_ids": len(self.completion_ids),
             "engine_logprobs": len(self.engine_logprobs),
-            "rewards": len(self.rewards),
+            "advantages": len(self.advantages),
             "group_ids": len(self.group_ids),
         }
         bad = {k: v for k, v in sizes.items() if v != n}
@@ -67,6 +71,26 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
+    def take(self, order: np.ndarray | list[int]) -> TrainBatch:
+        """The samples at `order`, in that order."""
+        pick = lambda xs: [xs[i] for i in order]  # noqa: E731
+        return TrainBatch(pick(self.prompt_ids), pick(self.completion_ids), pick(self.engine_logprobs),
+                          np.asarray(self.advantages)[order], np.asarray(self.group_ids)[order], self.sampling,
+                          None if self.completion_mask is None else pick(self.completion_mask))
+
+
+@dataclass(frozen=True)
+class OldLogprobs:
+    """The policy's logprobs of each sample's completion tokens before a step's first update (`forward(batch,
+    "grpo")`): under the sampling transform, and in the engine's convention (the same unless the engine reports
+    raw logprobs). A step of several updates (epochs, mini-batches) takes its PPO ratio against these."""
+
+    logprobs: list[np.ndarray]
+    compared: list[np.ndarray]
+
+    def take(self, order: np.ndarray | list[int]) -> OldLogprobs:
+        return OldLogprobs([self.logprobs[i] for i in order], [self.compared[i] for i in order])
+
 
 @dataclass(frozen=True)
 class PackedBatch:
@@ -80,6 +104,8 @@ class PackedBatch:
     advantages: np.ndarray  # float32 [B] per-sequence advantage
     window: np.ndarray  # int32 [B, W]: position predicting completion token j (clipped to L - 1); W = longest
     # completion, bucketed. The learner takes logits at these positions only.
+    old_logprobs: np.ndarray | None = None  # float32 [B, L]: OldLogprobs.logprobs where loss_mask is (None: on-policy)
+    old_compared: np.ndarray | None = None  # float32 [B, L]: OldLogprobs.compared, the same way
 
 
 def bucket_length(n: int, bucket: int) -> int:
@@ -108,10 +134,11 @@ class ShapeFloor:
         self.prefix = max(self.prefix, prefix)
 
 
-def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | None = None,
-         floor: ShapeFloor | None = None) -> PackedBatch:
+def pack(batch: TrainBatch, bucket: int, rows: int | None = None, floor: ShapeFloor | None = None,
+         old: OldLogprobs | None = None) -> PackedBatch:
     """Right-pad prompt+completion to a bucketed length (at least `floor.length`, the window at least
-    `floor.window`); add all-masked rows up to `rows` (fixed batch shapes)."""
+    `floor.window`); add all-masked rows up to `rows` (fixed batch shapes). `old`: the samples' pre-update
+    logprobs, laid out as the engine's are."""
     floor = floor or ShapeFloor()
     n = len(batch)
     rows = n if rows is None else rows
@@ -126,6 +153,7 @@ def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | Non
     loss_mask = np.zeros((rows, length), np.float32)
     engine_lp = np.zeros((rows, length), np.float32)
     adv = np.zeros((rows,), np.float32)
+    olds = None if old is None else (np.zeros((rows, length), np.float32), np.zeros((rows, length), np.float32))
     width = min(max(bucket_length(max(len(c) for c in batch.completion_ids), bucket), floor.window), length)
     window = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy()
     masks = batch.completion_mask or [None] * n
@@ -139,11 +167,19 @@ def pack(batch: TrainBatch, advantages: np.ndarray, bucket: int, rows: int | Non
         model = np.ones(len(c), np.float32) if m is None else np.asarray(m, np.float32)
         loss_mask[i, lo:hi] = model
         engine_lp[i, lo:hi] = np.asarray(lp, np.float32) * model  # environment tokens: 0, as outside the completion
-        adv[i] = advantages[i]
+        adv[i] = batch.advantages[i]
         window[i] = np.minimum(lo + np.arange(width), length - 1)
-    return PackedBatch(tokens, targets, valid, loss_mask, engine_lp, adv, window)
+        if olds is not None:
+            olds[0][i, lo:hi], olds[1][i, lo:hi] = old.logprobs[i], old.compared[i]
+    return PackedBatch(tokens, targets, valid, loss_mask, engine_lp, adv, window, *(olds or (None, None)))
+
+
+def completion_values(packed: PackedBatch, values: np.ndarray, batch: TrainBatch) -> list[np.ndarray]:
+    """Per sample, `values` [rows, L] at the positions that predict its completion tokens (pack's layout)."""
+    return [values[i, len(p) - 1: len(p) - 1 + len(c)].astype(np.float32)
+            for i, (p, c) in enumerate(zip(batch.prompt_ids, batch.completion_ids))]
 
 
 def slice_rows(packed: PackedBatch, rows: np.ndarray | slice) -> PackedBatch:
     """The same arrays restricted to some rows (a mini- or micro-batch)."""
-    return PackedBatch(*(getattr(packed, f)[rows] for f in PackedBatch.__dataclass_fields__))
+    return PackedBatch(*(None if (v := getattr(packed, f)) is None else v[rows] for f in PackedBatch.__dataclass_fields__))

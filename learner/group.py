@@ -5,7 +5,7 @@ node, a free port) and every actor joins it, so one global mesh spans all proces
 handle runs the same method on every actor (multi-controller SPMD: each process runs the same step on its copy of
 the batch, and the collectives inside the step need all of them) and answers with process 0's result.
 
-The group looks like a LearnerActor handle to learner/handle.py: `group.forward_backward.remote(batch)` returns one
+The group looks like a LearnerActor handle to learner/handle.py: `group.call.remote("forward_backward", batch)` returns one
 ObjectRef, so the learner handle, and the loop above it, do not know how many processes there are. That ref comes from a small zero-CPU task that
 waits for all members: if one of them dies, the others would block in their next collective forever, so the task
 kills the whole group at once and fails with one line saying so; the run then stops and `--resume` continues from
@@ -32,8 +32,7 @@ from learner.config import LearnerConfig
 log = logging.getLogger(__name__)
 
 DEATH_NOTICE_S = 10.0  # how long a failed call waits for Ray to report a member's death before blaming the error
-METHODS = ("forward_backward", "optim_step", "lora_tensors", "export_lora", "save", "restore", "devices", "node",
-           "add_adapter", "drop_adapter", "save_adapter", "load_adapter")
+METHODS = ("call", "devices", "node")  # LearnerWorker's: `call` runs any learner primitive (learner/actor.py)
 
 
 class LearnerProcessLost(RuntimeError):
@@ -89,13 +88,14 @@ class _GroupMethod:
     def remote(self, *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Run the method on every process; one ref to process 0's result (fails if any member fails)."""
         # Put large arguments (the batch) in the object store once, not once per member.
-        args = tuple(ray.put(a) if not isinstance(a, (int, float, str, type(None))) else a for a in args)
+        # An ObjectRef (another call's result) stays one: Ray resolves it for each member.
+        args = tuple(a if isinstance(a, (int, float, str, type(None), ray.ObjectRef)) else ray.put(a) for a in args)
         refs = [getattr(a, self._name).remote(*args, **kwargs) for a in self._group.actors]
         return _collect.remote(self._name, refs, self._group.actors)
 
 
 class LearnerGroup:
-    """N learner processes behind the methods of one LearnerActor handle (`.forward_backward.remote(batch)` etc.)."""
+    """N learner processes behind the methods of one LearnerActor handle (`.call.remote(name, *args)` etc.)."""
 
     def __init__(self, actors: list, pg: Any = None):
         self.actors = actors

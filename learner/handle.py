@@ -1,8 +1,10 @@
 """`LearnerHandle`: the learner as the driver sees it, with plain methods and one error of its own.
 
 The primitives are the Tinker API's, so the GRPO loop and a training service drive the same learner code:
-`forward_backward(batch, loss)` adds a loss's gradient, `optim_step()` applies it, `save_for_sampler()` gives the
-adapter the engines load next; `save` / `restore` / `export` keep and hand out the LoRA. Behind the handle is one
+`forward_backward(batch, loss)` adds a loss's gradient, `forward` computes it without one, `optim_step()` applies
+it, `save_for_sampler()` gives the adapter the engines load next, `save_state` / `load_state` keep a service's
+adapter; `save` / `restore` / `export` keep and hand out the run's LoRA. Each is the Learner method of the same
+name, run in the actor by its one generic `call` (learner/actor.py). Behind the handle is one
 LearnerActor or, with `learner.hosts > 1`, a group of them (learner/group.py); the caller cannot tell. Calls that
 take long (an update, a save) return a `Pending` at once, so the loop can generate while the learner works; actor
 calls run in the order they were made, so an optim_step submitted after a forward_backward applies its gradient.
@@ -77,52 +79,60 @@ class LearnerHandle:
         """The Ray actors behind the handle (for fault tests and placement reports)."""
         return list(self._actor.actors) if isinstance(self._actor, LearnerGroup) else [self._actor]
 
+    def _call(self, name: str, *args: Any, what: str) -> Pending[Any]:
+        """Learner primitive `name` (learner/learner.py) in flight; `Pending` arguments go as their results."""
+        args = tuple(a._ref if isinstance(a, Pending) else a for a in args)
+        return Pending(self._actor.call.remote(name, *args), what)
+
     # ---- the update primitives (`adapter`: which LoRA; the learner's own, POLICY, unless a service added more) --
     def forward_backward(self, batch: Any, loss: str = "grpo", adapter: str = POLICY,
-                         config: dict[str, float] | None = None) -> Pending[dict[str, Any]]:
+                         config: dict[str, float] | None = None,
+                         old: Pending[dict] | dict | None = None) -> Pending[dict[str, Any]]:
         """Add the gradient of `loss` on `batch` (learner/learner.py); its metrics (and, for a token loss, the
-        datums' logprobs) when done."""
-        return Pending(self._actor.forward_backward.remote(batch, loss, adapter, config),
-                       f"the forward_backward ({loss})")
+        datums' logprobs) when done. `old`: a "grpo" step's pre-update logprobs, `forward`'s answer (a Pending one
+        is fine: the learner waits for it, the caller does not)."""
+        return self._call("forward_backward", batch, loss, adapter, config, old, what=f"the forward_backward ({loss})")
 
-    def forward(self, batch: Any, loss: str, adapter: str = POLICY,
+    def forward(self, batch: Any, loss: str = "grpo", adapter: str = POLICY,
                 config: dict[str, float] | None = None) -> Pending[dict[str, Any]]:
         """forward_backward without the gradient: the loss and the datums' logprobs."""
-        return Pending(self._actor.forward_backward.remote(batch, loss, adapter, config, True), f"the forward ({loss})")
+        return self._call("forward", batch, loss, adapter, config, what=f"the forward ({loss})")
 
     def optim_step(self, adapter: str = POLICY, adam: AdamParams | None = None) -> Pending[dict[str, float]]:
         """Apply the gradient held for `adapter` (after every forward_backward submitted before it)."""
-        return Pending(self._actor.optim_step.remote(adapter, adam), "the optimizer step")
+        return self._call("optim_step", adapter, adam, what="the optimizer step")
 
     def save_for_sampler(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The LoRA as PEFT tensors and adapter_config: what the engines load as its next version."""
-        return learner_get(self._actor.lora_tensors.remote(adapter), "the LoRA export")
+        return self._call("save_for_sampler", adapter, what="the LoRA export").result()
 
     # ---- adapters a training service adds ---------------------------------------------------------------
     def add_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> Pending[None]:
-        return Pending(self._actor.add_adapter.remote(name, lora, seed), f"adding adapter {name}")
+        return self._call("add_adapter", name, lora, seed, what=f"adding adapter {name}")
 
     def drop_adapter(self, name: str) -> Pending[None]:
-        return Pending(self._actor.drop_adapter.remote(name), f"dropping adapter {name}")
+        return self._call("drop_adapter", name, what=f"dropping adapter {name}")
 
-    def save_adapter(self, name: str, directory: str) -> Pending[None]:
-        return Pending(self._actor.save_adapter.remote(name, directory), f"saving adapter {name}")
+    def save_state(self, name: str, directory: str) -> Pending[None]:
+        """Adapter `name`'s weights and optimizer state as a checkpoint in `directory`."""
+        return self._call("save_state", name, directory, what=f"saving adapter {name}")
 
-    def load_adapter(self, name: str, directory: str, optimizer: bool = True) -> Pending[LoraConfig]:
-        return Pending(self._actor.load_adapter.remote(name, directory, optimizer), f"loading adapter {name}")
+    def load_state(self, name: str, directory: str, optimizer: bool = True) -> Pending[LoraConfig]:
+        """Adapter `name` from a `save_state` checkpoint (with its Adam moments unless `optimizer` is False)."""
+        return self._call("load_state", name, directory, optimizer, what=f"loading adapter {name}")
 
     # ---- checkpoints and export ---------------------------------------------------------------------------
     def save(self, step: int, extra: dict | None = None) -> Pending[None]:
         """Checkpoint the LoRA, optimizer state and RNG with `step` and `extra` (JSON-able)."""
-        return Pending(self._actor.save.remote(step, extra), f"the checkpoint of step {step}")
+        return self._call("save", step, extra, what=f"the checkpoint of step {step}")
 
     def restore(self) -> tuple[int, dict]:
         """The latest checkpoint restored: (step, extra), (0, {}) when there is none."""
-        return learner_get(self._actor.restore.remote(), "the checkpoint restore")
+        return self._call("restore", what="the checkpoint restore").result()
 
     def export(self, out_dir: str | Path, adapter: str = POLICY) -> str:
         """The LoRA as a PEFT folder at `out_dir` (a local path or a storage URI); returns where it went."""
-        return learner_get(self._actor.export_lora.remote(str(out_dir), adapter), "the adapter export")
+        return self._call("export", str(out_dir), adapter, what="the adapter export").result()
 
     def node(self) -> str:
         """Where process 0 runs: "IP (hostname)"."""

@@ -1,20 +1,21 @@
 """Learner: owns the base model (Tunix NNX) on its mesh and the LoRA adapters on it, and updates them.
 
 Its primitives are the Tinker API's: `forward_backward(batch, loss)` computes the loss's gradient and adds it to
-the gradient held for that adapter, `optim_step()` applies that gradient with AdamW and clears it,
-`lora_tensors()` gives the adapter the engines load next (save-for-sampler). A GRPO step is
-forward_backward(batch, "grpo") + optim_step() on the learner's own adapter (`POLICY`); a training service adds an
-adapter per client (learner/adapters.py) and trains it with the token losses (learner/token_losses.py) through the
-same model, logprob and update code.
+the gradient held for that adapter, `forward` computes the same without one, `optim_step()` applies the held
+gradient with AdamW and clears it, `save_for_sampler()` gives the adapter the engines load next, `save_state` /
+`load_state` keep an adapter with its optimizer state. A training service adds an adapter per client
+(learner/adapters.py) and trains it with the token losses (learner/token_losses.py); the GRPO loop trains the
+learner's own adapter (`POLICY`) with the "grpo" loss, through the same model, logprob and update code.
 
-forward_backward(batch, "grpo"):
-1. group-relative advantages from the rewards;
-2. shuffle whole groups (with the learner's saved RNG) and pack into bucketed [rows, L] arrays; micro-batches run
+forward_backward(batch, "grpo") on a TrainBatch whose samples carry their advantages (the loop computed them, and
+splits a step into mini-batches and epochs of forward_backward + optim_step calls: orchestration/update.py):
+1. shuffle whole groups (with the learner's saved RNG) and pack into bucketed [rows, L] arrays; micro-batches run
    each distinct prompt once (learner/shared_prompts.py);
-3. if more than one update per batch (epochs or mini-batches): one forward for the old logprobs, and every update
-   but the last is applied here (each needs the one before it); the last one's gradient is left for optim_step;
-4. metrics as token-weighted means over everything the step saw.
-The adapter leaves as PEFT tensors (`lora_tensors`) or a PEFT folder (`export_lora`).
+2. add each micro-batch's gradient to the held one; with `old` (a step of several updates: the logprobs `forward`
+   gave before its first) the PPO ratio is taken against those, else it is 1 (on-policy);
+3. metrics as token-weighted means over the batch.
+Nothing is applied before `optim_step`. The adapter leaves as PEFT tensors (`save_for_sampler`) or a PEFT folder
+(`export`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from learner import train_step as ts
 from learner.adapter_api import POLICY, AdamParams
 from learner.adapters import Adapter, OpenUpdate, init_opt_state, new_adapter, split_lora
-from learner.batch import PackedBatch, ShapeFloor, TrainBatch, pack, slice_rows
+from learner.batch import OldLogprobs, PackedBatch, ShapeFloor, TrainBatch, completion_values, pack, slice_rows
 from learner.checkpoint import Checkpointer
 from learner.compile_time import compile_seconds
 from learner.config import LearnerConfig, LoraConfig
 from learner.distributed import put_global, to_host, tree_to_host
 from learner.lora import adapter_config, apply_lora, peft_tensors
-from learner.loss import LossOptions, constant_reward_groups, grpo_advantages, token_weights
+from learner.loss import LossOptions, token_weights
 from learner.mesh import learner_mesh
 from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
@@ -106,59 +107,52 @@ class Learner:
 
     # ---- the update primitives ----------------------------------------------------------------------------
     def forward_backward(self, batch: TrainBatch | TokenBatch, loss: str = "grpo", adapter: str = POLICY,
-                         config: dict[str, float] | None = None, forward_only: bool = False) -> dict[str, Any]:
-        """Add the gradient of `loss` on `batch` to `adapter`'s held gradient (none with `forward_only`).
+                         config: dict[str, float] | None = None, old: dict | None = None) -> dict[str, Any]:
+        """Add the gradient of `loss` on `batch` to `adapter`'s held gradient; `optim_step` applies it.
 
-        "grpo": the GRPO objective on a TrainBatch of groups, for the policy adapter (see the module docstring for
-        what it does with several updates per batch); returns `learner/...` metrics. A token loss
-        (learner/token_losses.py, `config` its settings) on a TokenBatch: returns {"loss": summed loss,
-        "logprobs": each datum's target logprobs before the update}. The gradient waits for `optim_step`."""
+        "grpo": the clipped GRPO objective (learner/loss.py) on a TrainBatch whose samples carry their advantages,
+        for the policy adapter; `old`: what `forward(batch, "grpo")` gave before the step's first update (a step of
+        several updates takes its PPO ratio against it), None on-policy. Returns `learner/...` metrics (per-token
+        means over this batch, and its token count). A token loss (learner/token_losses.py, `config` its settings)
+        on a TokenBatch: returns {"loss": summed loss, "logprobs": each datum's target logprobs before the update}."""
         if loss != "grpo":
-            if not isinstance(batch, TokenBatch):
-                raise ValueError(f"loss {loss!r} reads a TokenBatch (per-token inputs), not a {type(batch).__name__}")
-            out, self._layout = token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config,
-                                                       forward_only, self._batch_sharding, self._share_layout,
-                                                       self._token_floor)
-            return out
-        if adapter != POLICY or not isinstance(batch, TrainBatch) or forward_only:
-            raise ValueError("loss 'grpo' trains the policy adapter on a TrainBatch of groups (with a gradient)")
+            return self._token(batch, loss, adapter, config, forward_only=False)
+        self._check_grpo(batch, adapter)
         t0, compiled_before = time.perf_counter(), compile_seconds()
-        g = self.cfg.grpo
-        adv = grpo_advantages(batch.rewards, batch.group_ids, g.std_normalize)
-        constant = constant_reward_groups(batch.rewards, batch.group_ids)
-        groups = np.asarray(batch.group_ids)
-        zero_adv_frac = len(np.unique(groups[constant])) / len(np.unique(groups))
-        if g.skip_zero_variance_groups and constant.any() and not constant.all():
-            batch, adv = _take(batch, adv, np.flatnonzero(~constant))
-        micro, mini, rows = self._batch_geometry(len(batch))
-        floor = self._floor if self.cfg.pad_to_largest else None
-        packed = pack(*_take(batch, adv, self._group_order(batch.group_ids)), self.cfg.seq_bucket, rows, floor)
-        self._layout = self._share_layout(packed, micro, floor)
-        lay = self._layout
-        self._floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0)
-        off_policy = g.epochs > 1 or rows // mini > 1
-        logprob_fn, accumulate = self._compiled(batch.sampling, off_policy)
-
-        old = self._old_logprobs(logprob_fn, packed, micro) if off_policy else None
+        order = self._group_order(batch.group_ids)
+        old_logprobs = None if old is None else OldLogprobs(old["logprobs"], old["compared"]).take(order)
+        micro, rows = self._batch_geometry(len(batch))
+        packed = self._pack(batch.take(order), micro, rows, old_logprobs)
+        _, accumulate = self._compiled(batch.sampling, off_policy=old is not None)
         totals: dict[str, float] = {}
-        losses, norms = [], []
-        updates = [lo for _ in range(g.epochs) for lo in range(0, rows, mini)]
-        for k, lo in enumerate(updates):
-            losses.append(self._accumulate(accumulate, packed, old, slice(lo, lo + mini), micro, totals))
-            if k < len(updates) - 1:
-                norms.append(self._apply_grads())
-        self.adapters[POLICY].open = OpenUpdate(t0, norms, len(updates), compiled_before)
-        out = self._metrics(totals, losses, adv)
+        loss_value = self._accumulate(accumulate, packed, micro, totals)
+        policy = self.adapters[POLICY]
+        policy.open = policy.open or OpenUpdate(t0, compiled_before)
+        out = self._metrics(totals, loss_value)
         out["learner/completion_tokens"] = float(packed.loss_mask.sum())
-        out["learner/zero_adv_frac"] = zero_adv_frac
         out["learner/trained_samples"] = float(len(batch))
         return out
 
+    def forward(self, batch: TrainBatch | TokenBatch, loss: str = "grpo", adapter: str = POLICY,
+                config: dict[str, float] | None = None) -> dict[str, Any]:
+        """forward_backward without the gradient. "grpo": {"logprobs", "compared"}: per sample, its completion
+        tokens' logprobs under the sampling transform and in the engine's convention (what forward_backward's `old`
+        takes); a token loss: {"loss", "logprobs"}."""
+        if loss != "grpo":
+            return self._token(batch, loss, adapter, config, forward_only=True)
+        self._check_grpo(batch, adapter)
+        micro, rows = self._batch_geometry(len(batch))
+        packed = self._pack(batch, micro, rows)
+        logprob_fn, _ = self._compiled(batch.sampling, off_policy=True)
+        logp, compared = self._old_logprobs(logprob_fn, packed, micro)
+        return {"logprobs": completion_values(packed, logp, batch),
+                "compared": completion_values(packed, compared, batch)}
+
     def optim_step(self, adapter: str = POLICY, adam: AdamParams | None = None) -> dict[str, float]:
         """Apply `adapter`'s held gradient (AdamW on its LoRA weights) and clear it; returns `learner/grad_norm`,
-        `learner/updates`, `learner/step_s` and `learner/compile_s` (both from the forward_backward that opened the
-        update: its seconds, and those of them spent making XLA programs for new shapes). `adam`: the
-        update's AdamW numbers for an adapter a service added; the policy's are the run config's."""
+        `learner/step_s` and `learner/compile_s` (both from the first forward_backward of the update: its seconds,
+        and those of them spent making XLA programs for new shapes). `adam`: the update's AdamW numbers for an
+        adapter a service added; the policy's are the run config's."""
         a = self._adapter(adapter)
         if a.grads is None:
             raise ValueError(f"optim_step: adapter {adapter!r} holds no gradient; call forward_backward first")
@@ -166,15 +160,33 @@ class Learner:
             a.opt_state = ts.with_adam(a.opt_state, adam or AdamParams())
         elif adam is not None:
             raise ValueError("the policy adapter's AdamW numbers are the run config's learner.optimizer")
-        opened, a.open = a.open or OpenUpdate(time.perf_counter(), [], 1, compile_seconds()), None
-        norms = [*opened.norms, self._apply_grads(a)]
-        return {"learner/grad_norm": float(np.mean(norms)), "learner/updates": float(opened.updates),
-                "learner/step_s": time.perf_counter() - opened.t0,
+        opened, a.open = a.open or OpenUpdate(time.perf_counter(), compile_seconds()), None
+        norm = self._apply_grads(a)
+        return {"learner/grad_norm": norm, "learner/step_s": time.perf_counter() - opened.t0,
                 "learner/compile_s": compile_seconds() - opened.compiled_before}
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One GRPO step: forward_backward(batch, "grpo") + optim_step(); returns their `learner/...` metrics."""
-        return {**self.forward_backward(batch, "grpo"), **self.optim_step()}
+    def _token(self, batch: Any, loss: str, adapter: str, config: dict[str, float] | None,
+               forward_only: bool) -> dict[str, Any]:
+        if not isinstance(batch, TokenBatch):
+            raise ValueError(f"loss {loss!r} reads a TokenBatch (per-token inputs), not a {type(batch).__name__}")
+        out, self._layout = token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config,
+                                                   forward_only, self._batch_sharding, self._share_layout,
+                                                   self._token_floor)
+        return out
+
+    @staticmethod
+    def _check_grpo(batch: Any, adapter: str) -> None:
+        if adapter != POLICY or not isinstance(batch, TrainBatch):
+            raise ValueError("loss 'grpo' trains the policy adapter on a TrainBatch of samples with advantages")
+
+    def _pack(self, batch: TrainBatch, micro: int, rows: int, old: OldLogprobs | None = None) -> PackedBatch:
+        """The batch packed (padded up to the largest shapes so far with learner.pad_to_largest) and its
+        prompt-sharing layout set for `_put`."""
+        floor = self._floor if self.cfg.pad_to_largest else None
+        packed = pack(batch, self.cfg.seq_bucket, rows, floor, old)
+        self._layout = lay = self._share_layout(packed, micro, floor)
+        self._floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0)
+        return packed
 
     def _group_order(self, group_ids: np.ndarray) -> np.ndarray:
         """Rows shuffled by whole groups (a group's samples adjacent, so micro-batches share their prompts)."""
@@ -189,11 +201,10 @@ class Learner:
         span = self._hf.get("sliding_window") if self.family == "gemma3" else None
         return layout(packed, micro, self._data_parallel, self.cfg.seq_bucket, span, floor)
 
-    def _batch_geometry(self, n: int) -> tuple[int, int, int]:
-        """(micro, mini, rows): micro divides mini divides rows >= n; micro divisible by the data-parallel size."""
+    def _batch_geometry(self, n: int) -> tuple[int, int]:
+        """(micro, rows): micro divides rows >= n; micro divisible by the data-parallel size."""
         micro = math.ceil(min(self.cfg.grpo.micro_batch_size, n) / self._data_parallel) * self._data_parallel
-        mini = math.ceil((self.cfg.grpo.mini_batch_size or n) / micro) * micro
-        return micro, mini, math.ceil(n / mini) * mini
+        return micro, math.ceil(n / micro) * micro
 
     def _compiled(self, sampling: SamplingTransform, off_policy: bool):
         key, fns = (sampling, off_policy), self.adapters[POLICY].fns
@@ -221,17 +232,18 @@ class Learner:
             cmps.append(to_host(raw if raw is not None else logp))
         return np.concatenate(logps), np.concatenate(cmps)
 
-    def _accumulate(self, accumulate, packed, old, rows: slice, micro: int, totals: dict) -> float:
-        """Add the gradient of one mini-batch (over its micro-batches) to the held gradient; returns its loss."""
-        weights = token_weights(packed.loss_mask[rows], self.cfg.grpo.loss_agg, self.cfg.grpo.norm_tokens)
+    def _accumulate(self, accumulate, packed: PackedBatch, micro: int, totals: dict) -> float:
+        """Add the batch's gradient (over its micro-batches) to the held gradient; returns its loss."""
+        weights = token_weights(packed.loss_mask, self.cfg.grpo.loss_agg, self.cfg.grpo.norm_tokens)
         policy = self.adapters[POLICY]
         acc = policy.grads if policy.grads is not None else jax.tree.map(jnp.zeros_like, self.params)
+        put = lambda a: put_global(a, self._batch_sharding)  # noqa: E731
         loss = 0.0
-        for lo in range(0, rows.stop - rows.start, micro):
-            r = slice(rows.start + lo, rows.start + lo + micro)
-            mb = self._put(packed, r, weights[lo : lo + micro])
-            old_logp, old_cmp = (None, None) if old is None else (
-                put_global(old[0][r], self._batch_sharding), put_global(old[1][r], self._batch_sharding))
+        for lo in range(0, len(packed.tokens), micro):
+            r = slice(lo, lo + micro)
+            mb = self._put(packed, r, weights[r])
+            old_logp, old_cmp = (None, None) if packed.old_logprobs is None else (
+                put(packed.old_logprobs[r]), put(packed.old_compared[r]))
             acc, mb_loss, sums = accumulate(self.params, self._parts.base, acc, mb, old_logp, old_cmp)
             loss += float(mb_loss)
             for k, v in sums.items():
@@ -253,17 +265,14 @@ class Learner:
         return self.adapters[name]
 
     @staticmethod
-    def _metrics(totals: dict, losses: list, adv: np.ndarray) -> dict[str, float]:
+    def _metrics(totals: dict, loss: float) -> dict[str, float]:
         tokens = max(totals.pop("tokens"), 1.0)
         out = {f"learner/{k}": v / tokens for k, v in totals.items()}
         out["learner/clip_frac"] = out.pop("learner/clip")
         out["learner/dual_clip_frac"] = out.pop("learner/dual_clip")
         out["learner/is_ratio_mean"] = out.pop("learner/is_ratio")
         out["learner/is_clip_frac"] = out.pop("learner/is_clip")
-        out.update({
-            "learner/loss": float(np.mean(losses)),
-            "learner/adv_std": float(np.std(adv)),
-        })
+        out["learner/loss"] = loss
         return out
 
     @property
@@ -281,17 +290,17 @@ class Learner:
         return np.asarray(self._logits_fn(self.params, self._parts.base, tokens, valid))
 
     # ---- adapter out ---------------------------------------------------------------------------------------
-    def lora_tensors(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict]:
+    def save_for_sampler(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict]:
         """An adapter's LoRA weights as numpy arrays with PEFT names ([r, in] / [out, r]) and its adapter_config."""
         a = self._adapter(adapter)
         # The weights are sharded over the mesh, which may span processes: gathering them is then a collective.
         tensors = peft_tensors(tree_to_host(a.params), a.lora.rank)
         return tensors, adapter_config(a.lora, str(self.model_path))
 
-    def export_lora(self, out_dir: str | Path, adapter: str = POLICY) -> str:
+    def export(self, out_dir: str | Path, adapter: str = POLICY) -> str:
         """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load; `out_dir`
         may be a storage URI (gs://...), where every host can read it."""
-        tensors, config = self.lora_tensors(adapter)
+        tensors, config = self.save_for_sampler(adapter)
         return write_folder(out_dir, lambda local: write_adapter(local, tensors, config))
 
     # ---- the adapters a service adds ------------------------------------------------------------------------
@@ -308,15 +317,15 @@ class Learner:
             raise ValueError("the policy adapter cannot be dropped")
         self.adapters.pop(name, None)
 
-    def save_adapter(self, name: str, directory: str) -> None:
+    def save_state(self, name: str, directory: str) -> None:
         """An adapter's LoRA weights, optimizer state and LoRA config as one Orbax checkpoint in `directory` (a
         local path or a storage URI); a resume from it is exact."""
         a = self._adapter(name)
         with Checkpointer(directory, keep=1) as store:
             store.save(0, a.params, a.opt_state, {"lora": a.lora.model_dump(mode="json")})
 
-    def load_adapter(self, name: str, directory: str, optimizer: bool = True) -> LoraConfig:
-        """Adapter `name` from a `save_adapter` checkpoint (made with its LoRA config when it does not exist yet);
+    def load_state(self, name: str, directory: str, optimizer: bool = True) -> LoraConfig:
+        """Adapter `name` from a `save_state` checkpoint (made with its LoRA config when it does not exist yet);
         `optimizer`: restore the Adam moments too, else keep them fresh. Returns its LoRA config."""
         with Checkpointer(directory, keep=1) as store:
             if store.latest_step() is None:
@@ -372,12 +381,3 @@ def grpo_pieces(cfg: LearnerConfig, parts: ts.ModelParts, sampling: SamplingTran
 def _abstract(tree: Any) -> Any:
     """A restore target: each leaf's shape, dtype and sharding."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
-def _take(batch: TrainBatch, adv: np.ndarray, order: np.ndarray) -> tuple[TrainBatch, np.ndarray]:
-    """The batch's samples (and their advantages) in `order`."""
-    pick = lambda xs: [xs[i] for i in order]
-    b = TrainBatch(pick(batch.prompt_ids), pick(batch.completion_ids), pick(batch.engine_logprobs),
-                   np.asarray(batch.rewards)[order], np.asarray(batch.group_ids)[order],
-                   batch.sampling, None if batch.completion_mask is None else pick(batch.completion_mask))
-    return b, adv[order]

@@ -1,7 +1,7 @@
 """GRPO, as pure functions: advantages, sampling-transform logprobs, the clipped policy loss with KL and IS.
 
 What GRPO means here (one batch = several groups, one group = samples of one prompt):
-- advantage A_i = r_i - mean(group), divided by std(group) (ddof=1, + 1e-6, as Tunix) unless Dr. GRPO;
+- advantage A_i: group-relative, computed by the loop before the learner sees the batch (orchestration/update.py);
 - per token: ratio = pi_theta / pi_old; pg = max(-A ratio, -A clip(ratio, 1 - eps_low, 1 + eps_high)); with
   dual-clip (Ye et al. 2020, off by default) pg = min(pg, -c A) for A < 0, c > 1, so a negative-advantage
   token whose ratio has grown large adds a bounded loss (and no gradient);
@@ -30,32 +30,6 @@ import numpy as np
 from learner.sampling import SamplingTransform
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps one wild token from producing inf/nan (Tunix clamps the same)
-
-
-def grpo_advantages(rewards: np.ndarray, group_ids: np.ndarray, std_normalize: bool, eps: float = 1e-6) -> np.ndarray:
-    """Group-relative advantages: centre on the group mean; divide by the group std unless Dr. GRPO."""
-    rewards = np.asarray(rewards, np.float64)
-    group_ids = np.asarray(group_ids)
-    adv = np.zeros_like(rewards)
-    for g in np.unique(group_ids):
-        idx = group_ids == g
-        r = rewards[idx]
-        centred = r - r.mean()
-        if std_normalize:
-            std = r.std(ddof=1) if len(r) > 1 else 0.0
-            centred = centred / (std + eps)
-        adv[idx] = centred
-    return adv.astype(np.float32)
-
-
-def constant_reward_groups(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
-    """bool [B]: samples whose group's rewards are all equal, so their advantage is 0 whatever the GRPO variant."""
-    rewards, group_ids = np.asarray(rewards, np.float64), np.asarray(group_ids)
-    constant = np.zeros(len(rewards), bool)
-    for g in np.unique(group_ids):
-        idx = group_ids == g
-        constant[idx] = np.ptp(rewards[idx]) == 0
-    return constant
 
 
 def _dense_keep_mask(scaled: jax.Array, s: SamplingTransform) -> jax.Array:

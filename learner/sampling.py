@@ -13,7 +13,7 @@ The engine samples from processed logits, not from the model's softmax. vLLM's o
 Not modelled: logit_bias, bad_words, allowed_token_ids (the run config refuses them while IS is on).
 
 No JAX here (the rule of which transforms need token history is rollout's `needs_history`, shared with the
-run config's check): the driver builds this (orchestration/loop.py `to_train_batch`) and it travels in `TrainBatch`.
+run config's check): the driver builds this (orchestration/loop.py `scored_samples`) and it travels in `TrainBatch`.
 It is hashable and static under jit: a run compiles once per transform.
 """
 

@@ -79,6 +79,6 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
         logps.append(to_host(logp))
     if not forward_only:
         a.grads = acc
-        a.open = a.open or OpenUpdate(t0, [], 1, compiled_before)
+        a.open = a.open or OpenUpdate(t0, compiled_before)
     logp = np.concatenate(logps)
     return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}, lay

@@ -6,8 +6,9 @@ rewards into group-relative advantages and takes a clipped policy-gradient step 
 (importance-corrected against the engine's own logprobs). The new adapter is pushed to the engines under a new
 version name before the next generation, so every sample records which policy made it.
 
-The learner is driven through its handle's primitives, the Tinker API's: forward_backward(batch, "grpo"),
-optim_step(), save_for_sampler(); the engines through the rollout handle's generate and push_lora. Neither handle
+The learner is driven through its handle's primitives, the Tinker API's: forward_backward(batch, "grpo") and
+optim_step() for each update of the step (orchestration/update.py turns the rewards into advantages and the
+step into updates), save_for_sampler(); the engines through the rollout handle's generate and push_lora. Neither handle
 says how many processes or replicas stand behind it, and this module imports no Ray.
 
 With an `environment:`, a sample is a multi-turn episode instead of one completion (tasks/episodes.py), of the
@@ -32,12 +33,10 @@ from collections import deque
 
 import numpy as np
 
-from learner.batch import TrainBatch
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config.schema import RunConfig
 from orchestration.console import CONSOLE
 from orchestration.dynamic_sampling import Drawn, fill_batch
-from orchestration.engine_check import check_engine_agreement
 from orchestration.faults import NO_FAULTS, FaultHook
 from orchestration.evaluation import maybe_eval
 from orchestration.judge import judge_step_metrics
@@ -45,6 +44,7 @@ from orchestration.phases import Phase, Phases
 from orchestration.problem import run_limits
 from orchestration.state import InFlight, LoopState, Parts, StepBatch
 from orchestration.step_metrics import draw_metrics, log_samples
+from orchestration.update import ScoredSamples, check_engine_agreement, plan_update, update_calls, update_metrics
 from rewards.types import Sample, TrainingProgress
 from rollout.capabilities import takes_request_seeds
 from tasks.samples import sample_groups
@@ -67,16 +67,15 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
             learn.fault()
             if cfg.train.mode == "async":
                 generate_ahead(cfg, parts, ahead, step, phases)
-            metrics = collect(state)
-        check_engine_agreement(cfg, step - first_step + 1, metrics)  # stop before training on a wrong model
+            collect(state)
+        check_engine_agreement(cfg, step - first_step + 1, state.row)  # stop before training on a wrong model
         # 6. save_for_sampler + push_lora (timing/sync)
         with phases.enter("push", step) as push:
-            push_adapter(parts, push, metrics)
+            push_adapter(parts, push, state)
         # 7. log, maybe eval, maybe save
-        metrics.update(step_timings(learn, push, t_step, ahead))
-        metrics.update(judge_step_metrics(metrics))
-        parts.metrics.log(step, metrics)  # `metrics` is state.unlogged's row, now complete
-        state.unlogged = None
+        state.add(step_timings(learn, push, t_step, ahead))
+        state.add(judge_step_metrics(state.row))
+        state.write_row(parts.metrics)
         log_samples(parts.run_dir, batch)
         with phases.enter("eval", step) as evaluation:  # its fault: once the eval's requests are out
             maybe_eval(cfg, parts, step, on_sent=evaluation.fault)
@@ -155,8 +154,8 @@ def generate_ahead(cfg: RunConfig, parts: Parts, ahead: deque, step: int, phases
 
 
 # ---- 4-5: the learner's batch and its update ----------------------------------------------------------------------
-def to_train_batch(cfg: RunConfig, batch: StepBatch) -> TrainBatch:
-    """Flatten groups into the learner's batch (advantages are the learner's: its GRPO options)."""
+def scored_samples(cfg: RunConfig, batch: StepBatch) -> ScoredSamples:
+    """Flatten the step's groups into samples with their rewards (orchestration/update.py makes the update)."""
     prompt_ids, completion_ids, engine_logprobs, group_ids, masks = [], [], [], [], []
     for g, (ids, group) in enumerate(zip(batch.prompt_ids, batch.completions)):
         for c in group:
@@ -167,7 +166,7 @@ def to_train_batch(cfg: RunConfig, batch: StepBatch) -> TrainBatch:
             masks.append(c.mask)
     # The full transform the engine sampled from; eos ids only matter to min_tokens (which masks them).
     sampling = SamplingTransform.of(cfg.rollout.sampling, model_eos_ids(str(cfg.model.resolved_path)))
-    return TrainBatch(
+    return ScoredSamples(
         prompt_ids=prompt_ids, completion_ids=completion_ids, engine_logprobs=engine_logprobs,
         rewards=np.asarray(batch.totals, dtype=np.float32), group_ids=np.asarray(group_ids, dtype=np.int32),
         sampling=sampling,
@@ -176,33 +175,33 @@ def to_train_batch(cfg: RunConfig, batch: StepBatch) -> TrainBatch:
 
 
 def submit_update(cfg: RunConfig, parts: Parts, state: LoopState, batch: StepBatch) -> None:
-    """forward_backward("grpo") then optim_step, both in flight in the learner; the batch's staleness noted."""
+    """The step's advantages, then its forward_backward + optim_step calls, all in flight in the learner; the
+    batch's staleness noted."""
     version = state.step  # one learner update per step, so the adapter's version is the last learned step
     staleness = [version - (c.adapter_version or 0) for g in batch.completions for c in g]
     batch.metrics.update({"async/staleness_mean": float(np.mean(staleness)), "async/staleness_max": max(staleness)})
-    update = parts.learner.forward_backward(to_train_batch(cfg, batch), "grpo")
-    applied = parts.learner.optim_step()
-    state.in_flight = InFlight(batch.step, update, applied, batch.stream_after, batch.metrics)
+    plan = plan_update(cfg.learner.grpo, scored_samples(cfg, batch))
+    state.in_flight = InFlight(batch.step, plan, update_calls(parts.learner, plan), batch.stream_after,
+                               batch.metrics)
 
 
-def collect(state: LoopState) -> dict:
-    """Wait for the in-flight update and make it the last finished step; returns its metrics row so far."""
+def collect(state: LoopState) -> None:
+    """Wait for the in-flight update and make it the last finished step, its metrics row open."""
     flight = state.in_flight
-    metrics = {**flight.metrics, **flight.update.result(), **flight.applied.result()}
-    state.learned(flight.step, flight.data_after, metrics)
-    return metrics
+    answers = [(fb.result(), opt.result()) for fb, opt in flight.calls]
+    state.learned(flight.step, flight.data_after, {**flight.metrics, **update_metrics(flight.plan, answers)})
 
 
 # ---- 6-7: push, log, save -----------------------------------------------------------------------------------------
-def push_adapter(parts: Parts, push: Phase, metrics: dict) -> None:
-    """Ship the learner's LoRA to the engines as adapter version `push.step`; the push's figures go in `metrics`."""
+def push_adapter(parts: Parts, push: Phase, state: LoopState) -> None:
+    """Ship the learner's LoRA to the engines as adapter version `push.step`; the push's figures join the row."""
     events_before = len(parts.rollout.events)
     tensors, adapter_config = parts.learner.save_for_sampler()
     push.fault()
-    metrics["timing/push_pause"] = parts.rollout.push_lora(push.step, tensors, adapter_config)
-    metrics["rollout/adapter_version"] = push.step
+    pause = parts.rollout.push_lora(push.step, tensors, adapter_config)
     # rollout/restarts: the step's generation counted its own; a server that died in the push counts here.
-    metrics["rollout/restarts"] = metrics.get("rollout/restarts", 0) + len(parts.rollout.events) - events_before
+    restarts = state.row.get("rollout/restarts", 0) + len(parts.rollout.events) - events_before
+    state.add({"timing/push_pause": pause, "rollout/adapter_version": push.step, "rollout/restarts": restarts})
 
 
 def step_timings(learn: Phase, push: Phase, t_step: float, ahead: deque) -> dict[str, float]:
@@ -222,9 +221,7 @@ def save_checkpoint(parts: Parts, state: LoopState, phases: Phases | None = None
     phases = phases or Phases(state)
     if state.in_flight is not None:
         collect(state)
-    if state.unlogged is not None:
-        parts.metrics.log(*state.unlogged)
-        state.unlogged = None
+    state.write_row(parts.metrics)
     with phases.enter("save", state.step) as save:
         pending = parts.learner.save(state.step, {"data": state.data})
         save.fault()

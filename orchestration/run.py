@@ -11,21 +11,22 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
 
 from common import peft_adapter
-from learner.handle import LearnerDied
+from learner.handle import LearnerDied, LearnerHandle
 from orchestration import signals
 from orchestration.cluster import launch
 from orchestration.cluster.process_tree import already_running, ending_what_it_started
 from orchestration.config.schema import RunConfig
 from orchestration.console import CONSOLE, LOG_FILE, RAY_LOGS, link_ray_logs
 from tasks import PromptStream
-from orchestration.engine_check import EngineMismatchError
+from orchestration.update import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.judge import setup_judge
 from orchestration.loop import save_checkpoint, train_loop
@@ -40,16 +41,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def restore_learner(parts: Parts) -> tuple[int, dict]:
+def restore_learner(learner: LearnerHandle, run_dir: RunDir) -> tuple[int, dict]:
     """The learner's last checkpoint: (step, extra), (0, {}) when it has none; refused when the run saved a later
     one that the learner's host cannot see (a resume there would start over and drop every row)."""
-    step, extra = parts.learner.restore()
-    expected = parts.run_dir.expected_checkpoint()
+    step, extra = learner.restore()
+    expected = run_dir.expected_checkpoint()
     if expected is not None and step < expected:
-        host = parts.learner.node()
+        host = learner.node()
         found = f"step {step}" if step else "no checkpoint"
         raise RunDirError(f"resume: this run saved checkpoint step {expected} under "
-                          f"{parts.run_dir.path(CHECKPOINTS)}, but the learner on {host} found {found} there (that "
+                          f"{run_dir.path(CHECKPOINTS)}, but the learner on {host} found {found} there (that "
                           "path is not on its host); put the run dir on storage every host reads (gs://...) or a "
                           "mount every node shares; nothing was changed")
     return step, extra
@@ -158,7 +159,7 @@ def stop_line(exc: BaseException, where: tuple[str, int] | None, state: LoopStat
 
 def save_on_stop(parts: Parts, state: LoopState) -> None:
     """Save the last finished step (finishing an update the learner has started); say why if it cannot."""
-    if state.step == state.saved_step and state.in_flight is None and state.unlogged is None:
+    if state.step == state.saved_step and state.in_flight is None and state.row is None:
         return
     try:
         save_checkpoint(parts, state)
@@ -166,15 +167,14 @@ def save_on_stop(parts: Parts, state: LoopState) -> None:
         log.error("could not save step %d (%s); the checkpoint stays at step %d", state.step, exc, state.saved_step)
 
 
-def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
-    """The whole run; not `verbose`, the Ray workers' output stays out of the console (orchestration/console.py)."""
+@contextmanager
+def started_parts(cfg: RunConfig, run_dir: RunDir, problem: tuple, verbose: bool) -> Iterator[tuple[Parts, int, dict]]:
+    """Start the run's parts in order and yield them whole, with the learner's restored (step, extra); on the way out
+    stop whatever started (what a part's stop leaves behind is ended before this returns). `problem`: the run's
+    (environment, prompt rows, rewards), made before anything starts so their errors come in seconds."""
+    environment, prompts, rewards = problem
     spare = already_running()  # before the first part starts: whatever else runs below this process is not ours
-    fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
-    environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
-    prompts = run_rows(cfg, environment, "train")  # a data config error (DataError) too: in seconds, not minutes
-    rewards = run_rewards(cfg)  # a reward by import path that does not import, too
-    rollout = judge_engine = None
-    parts = state = None
+    metrics = rollout = judge_engine = None
     started_cluster = False
     try:
         started_cluster = launch.connect(cfg, verbose)
@@ -188,38 +188,17 @@ def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
         engines_starting = in_background(launch.start_rollout, cfg)
         stream = PromptStream(prompts, cfg.train.prompts_per_step, cfg.data.seed)
         renderer = PromptRenderer(cfg.model.resolved_path, cfg.data.assistant_prefix)
-        parts = Parts(None, learner, rewards, stream, renderer,  # type: ignore[arg-type]
-                      None, run_dir, environment)
         # Restored before any row is touched: a resume that cannot see its checkpoint fails with its rows intact.
-        step, extra = restore_learner(parts)
+        step, extra = restore_learner(learner, run_dir)
         drop_rows_after(run_dir, step)
-        parts.metrics = setup_metrics(cfg, run_dir, step)
-        parts.rollout = rollout = engines_starting.result()
+        metrics = setup_metrics(cfg, run_dir, step)
+        rollout = engines_starting.result()
         judge_engine = setup_judge(cfg, rewards, rollout)  # a judge term's engine: the training one or its own
-        fault.parts = parts
-        placement = placement_of(parts)
-        resumed = serve_restored_policy(parts, step)
-        state = loop_state(parts, step, extra)
-        train_loop(cfg, parts, state, fault)
-        finish(cfg, parts, placement, resumed)
-    except (KeyboardInterrupt, LearnerDied) as caught:
-        # A signal taken inside a Ray call comes back as a plain KeyboardInterrupt (orchestration/signals.py).
-        exc = signals.interrupted(caught) if isinstance(caught, KeyboardInterrupt) else caught
-        where = state.where if state is not None else None
-        if parts is not None and state is not None and isinstance(exc, signals.Interrupted):
-            save_on_stop(parts, state)
-        log.error("%s", stop_line(exc, where, state, run_dir))
-        raise exc from None
-    except EngineMismatchError:
-        raise  # its update was made against another model than the engine's: keep nothing (no row, no checkpoint)
-    except BaseException:
-        if parts is not None and state is not None:
-            save_on_stop(parts, state)
-        raise
+        yield Parts(rollout, learner, rewards, stream, renderer, metrics, run_dir, environment), step, extra
     finally:
-        with ending_what_it_started(spare):  # what a part's stop leaves behind is ended before the run returns
-            if parts is not None and parts.metrics is not None:
-                parts.metrics.close()
+        with ending_what_it_started(spare):
+            if metrics is not None:
+                metrics.close()
             for engine in (rollout, judge_engine):
                 if engine is not None:
                     engine.stop()
@@ -227,3 +206,31 @@ def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
             run_dir.sync_all()
             if started_cluster:
                 launch.disconnect()
+
+
+def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
+    """The whole run; not `verbose`, the Ray workers' output stays out of the console (orchestration/console.py)."""
+    fault = FaultHook.from_env()  # tests only; a bad AHA_FAULT fails here, before anything is started
+    environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
+    prompts = run_rows(cfg, environment, "train")  # a data config error (DataError) too: in seconds, not minutes
+    rewards = run_rewards(cfg)  # a reward by import path that does not import, too
+    state = None
+    try:
+        with started_parts(cfg, run_dir, (environment, prompts, rewards), verbose) as (parts, step, extra):
+            fault.parts = parts
+            placement = placement_of(parts)
+            resumed = serve_restored_policy(parts, step)
+            state = loop_state(parts, step, extra)
+            try:
+                train_loop(cfg, parts, state, fault)
+                finish(cfg, parts, placement, resumed)
+            except (EngineMismatchError, LearnerDied):
+                raise  # a mismatch: its update was made against another model than the engine's, keep nothing;
+                # a dead learner: nothing can save
+            except BaseException:  # an interrupt (a signal taken inside a Ray call is a plain KeyboardInterrupt) or
+                save_on_stop(parts, state)  # a failure: the last finished step is saved while the parts still run
+                raise
+    except (KeyboardInterrupt, LearnerDied) as caught:
+        exc = signals.interrupted(caught) if isinstance(caught, KeyboardInterrupt) else caught
+        log.error("%s", stop_line(exc, state.where if state is not None else None, state, run_dir))
+        raise exc from None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from common.sampling import Completion
 from learner.handle import LearnerHandle, Pending
+from orchestration.update import UpdatePlan
 from orchestration.metrics import MetricsLog
 from orchestration.run_dir import RunDir
 from rewards.registry import RewardSet
@@ -52,23 +53,34 @@ class InFlight:
     """A learner update submitted but not yet collected: if the run is interrupted, it is finished and saved."""
 
     step: int
-    update: Pending[dict[str, float]]  # forward_backward's metrics
-    applied: Pending[dict[str, float]]  # optim_step's, submitted after it
+    plan: UpdatePlan  # the step's mini-batches and epochs (orchestration/update.py)
+    calls: list[tuple[Pending[dict], Pending[dict]]]  # each update's forward_backward and optim_step, in order
     data_after: dict  # data position once this step's prompts are consumed
     metrics: dict  # the step's rollout metrics, logged with the learner's once it is collected
 
 
 @dataclass
 class LoopState:
-    """What an interrupted run needs to save: the last finished step, the data position after it, its metrics."""
+    """What an interrupted run needs to save: the last finished step, the data position after it, and its metrics
+    row while it is open (the push and the step's timings join it before it is written)."""
 
     step: int
     data: dict
     saved_step: int
     in_flight: InFlight | None = None
-    unlogged: tuple[int, dict] | None = None  # a learned step whose metrics row is not written yet
+    row: dict | None = None  # the learned step's metrics row, not written yet
     where: tuple[str, int] = ("start", 0)  # (phase, step) the loop is in, for the line an interrupt prints
 
     def learned(self, step: int, data_after: dict, metrics: dict) -> None:
-        """Step `step`'s update is applied: it is now the step a checkpoint records."""
-        self.step, self.data, self.in_flight, self.unlogged = step, data_after, None, (step, metrics)
+        """Step `step`'s update is applied: it is now the step a checkpoint records, and `metrics` opens its row."""
+        self.step, self.data, self.in_flight, self.row = step, data_after, None, dict(metrics)
+
+    def add(self, figures: dict) -> None:
+        """More figures for the open row."""
+        self.row.update(figures)
+
+    def write_row(self, metrics: MetricsLog) -> None:
+        """Write the open row (if any) to metrics.jsonl and close it."""
+        if self.row is not None:
+            metrics.log(self.step, self.row)
+            self.row = None

@@ -251,5 +251,5 @@ def rollout_serving(learner, model_dir: Path, rank: int) -> Iterator:
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=rank, kv_cache_space_gb=1),
                         client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
     with running_rollout(cfg, model_dir) as rollout:
-        rollout.push_lora(1, *learner.lora_tensors())
+        rollout.push_lora(1, *learner.save_for_sampler())
         yield rollout

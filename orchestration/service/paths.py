@@ -2,7 +2,7 @@
 the service's run directory (a local path or gs://, so any host of the cluster and a later server read it):
 `<root>/tinker/<model_id>/<kind>/<name>/`. Unnamed sampler versions keep their folders in `sampler_versions/v<n>/`
 beside them, so the engines can load one again after unloading it. `weights` hold an Orbax checkpoint of the LoRA and its Adam state
-(learner/learner.py `save_adapter`), `sampler_weights` a PEFT adapter folder (what the engines load and peft reads).
+(learner/learner.py `save_state`), `sampler_weights` a PEFT adapter folder (what the engines load and peft reads).
 """
 
 from __future__ import annotations

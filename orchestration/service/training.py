@@ -209,7 +209,7 @@ class TinkerService:
     async def save_state(self, m: TrainingModel, name: str, keep: SaveOptions) -> Outcome:
         path = paths.TinkerPath(m.model_id, "weights", paths.checked_name(name))
         await self.on_learner(self._make_room_for, path, keep)
-        await self.on_learner(lambda: self.learner.save_adapter(m.adapter, path.location(self.root)).result())
+        await self.on_learner(lambda: self.learner.save_state(m.adapter, path.location(self.root)).result())
         await self.on_learner(self.records.note, path, keep.ttl_seconds, keep.user_metadata)
         return Outcome(json={"path": str(path), "type": "save_weights"})
 
@@ -237,7 +237,7 @@ class TinkerService:
         await self.on_learner(self._sweep_run, where)
         if not await self.on_learner(exists, location):
             raise UserError(f"{path}: no saved state there ({location})")
-        lora = await self.on_learner(lambda: self.learner.load_adapter(m.adapter, location, optimizer).result())
+        lora = await self.on_learner(lambda: self.learner.load_state(m.adapter, location, optimizer).result())
         m.lora = self.check_rank(lora)
         await self.on_learner(self._write_run, m)
         return Outcome(json={"path": path, "model_id": m.model_id, "type": "load_weights"})
@@ -341,7 +341,7 @@ class TinkerService:
         location = path.location(self.root)
         if not exists(location):
             raise UserError(f"{path}: no saved state there ({location})")
-        self.learner.load_adapter(scratch, location, optimizer=False).result()
+        self.learner.load_state(scratch, location, optimizer=False).result()
         try:
             return self.learner.save_for_sampler(scratch)
         finally:

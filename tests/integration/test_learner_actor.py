@@ -12,6 +12,7 @@ import ray
 from learner.actor import start_learner_actor
 from learner.handle import LearnerHandle
 from learner.config import LearnerConfig
+from orchestration.update import plan_update
 from test_learner_checkpoint import toy_batch
 
 pytestmark = pytest.mark.integration
@@ -32,8 +33,8 @@ def test_actor_steps_on_its_slice_and_ships_tensors(local_ray, tiny_model_dir):
     actor = start_learner_actor(cfg, tiny_model_dir, actor_options={"num_cpus": 1, "runtime_env": env})
     assert ray.get(actor.devices.remote(), timeout=300) == ["cpu:2", "cpu:3"]
     learner = LearnerHandle(actor)
-    metrics = {**learner.forward_backward(toy_batch(0), "grpo").result(), **learner.optim_step().result()}
+    metrics = {**learner.forward_backward(plan_update(cfg.grpo, toy_batch(0)).minis[0], "grpo").result(), **learner.optim_step().result()}
     assert np.isfinite(metrics["learner/loss"]) and metrics["learner/grad_norm"] > 0
-    tensors, config = ray.get(actor.lora_tensors.remote(), timeout=60)
+    tensors, config = ray.get(actor.call.remote("save_for_sampler"), timeout=60)
     assert config["r"] == 16 and len(tensors) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
     assert tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (128, 16)

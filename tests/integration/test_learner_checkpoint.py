@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from learner.batch import TrainBatch
+from orchestration.update import ScoredSamples, grpo_step
 from learner.config import LearnerConfig
 from learner.learner import Learner
 
@@ -22,11 +22,11 @@ CFG = {"devices": {"offset": 2, "count": 2}, "optimizer": {"lr": 1e-2}, "seq_buc
        "grpo": {"micro_batch_size": 4, "mini_batch_size": 4}}  # 2 mini-batches: the RNG shuffle matters
 
 
-def toy_batch(seed: int) -> TrainBatch:
+def toy_batch(seed: int) -> ScoredSamples:
     rng = np.random.default_rng(seed)
     comps = [list(rng.integers(3, 49000, 3 + i)) for i in range(8)]
-    return TrainBatch([list(rng.integers(3, 49000, 6)) for _ in range(8)], comps,
-                      [list(-rng.random(len(c)) - 1) for c in comps], rng.random(8), np.repeat([0, 1], 4))
+    return ScoredSamples([list(rng.integers(3, 49000, 6)) for _ in range(8)], comps,
+                         [list(-rng.random(len(c)) - 1) for c in comps], rng.random(8), np.repeat([0, 1], 4))
 
 
 FRESH = textwrap.dedent("""
@@ -34,12 +34,13 @@ FRESH = textwrap.dedent("""
     import numpy as np
     from learner.config import LearnerConfig
     from learner.learner import Learner
+    from orchestration.update import grpo_step
     cfg_json, model_dir, ckpt, batch_path, out = sys.argv[1:]
     learner = Learner(LearnerConfig.model_validate(json.loads(cfg_json)), model_dir, checkpoint_dir=ckpt)
     step, extra = learner.restore()
-    restored = learner.lora_tensors()[0]
-    learner.step(pickle.load(open(batch_path, "rb")))
-    after = learner.lora_tensors()[0]
+    restored = learner.save_for_sampler()[0]
+    grpo_step(learner, learner.cfg.grpo, pickle.load(open(batch_path, "rb")))
+    after = learner.save_for_sampler()[0]
     np.savez(out, step=step, extra=json.dumps(extra), **{"restored/" + k: v for k, v in restored.items()},
              **{"after/" + k: v for k, v in after.items()})
 """)
@@ -49,12 +50,12 @@ def test_restore_in_fresh_process_is_exact(tiny_model_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     learner = Learner(LearnerConfig.model_validate(CFG), tiny_model_dir, checkpoint_dir=ckpt)
     assert learner.restore() == (0, {})
-    learner.step(toy_batch(0))
+    grpo_step(learner, learner.cfg.grpo, toy_batch(0))
     learner.save(1, {"prompt_stream": {"cursor": 17}})
-    saved = learner.lora_tensors()[0]
+    saved = learner.save_for_sampler()[0]
     batch = toy_batch(1)
-    learner.step(batch)
-    after = learner.lora_tensors()[0]
+    grpo_step(learner, learner.cfg.grpo, batch)
+    after = learner.save_for_sampler()[0]
 
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}

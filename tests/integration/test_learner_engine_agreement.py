@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from learner import train_step as ts
-from learner.batch import TrainBatch
+from orchestration.update import ScoredSamples, grpo_step
 from learner.sampling import SamplingTransform, model_eos_ids
 from rollout.handle import Rollout
 from common.sampling import SamplingParams
@@ -53,14 +53,14 @@ def rollout(family_dir, learner):
         yield rollout
 
 
-def engine_batch(rollout: Rollout, sampling: dict) -> TrainBatch:
+def engine_batch(rollout: Rollout, sampling: dict) -> ScoredSamples:
     rng = np.random.default_rng(0)
     prompts = [[1, *map(int, rng.integers(100, 40000, size=30))] for _ in range(PROMPTS)]
     params = SamplingParams(n=N, max_tokens=MAX_TOKENS, ignore_eos=True, seed=0, **sampling)
     groups = rollout.generate(prompts, params)
     samples = [(p, c) for p, group in zip(prompts, groups) for c in group]
     assert all(len(c.token_ids) == MAX_TOKENS for _, c in samples)
-    return TrainBatch(
+    return ScoredSamples(
         prompt_ids=[p for p, _ in samples],
         completion_ids=[c.token_ids for _, c in samples],
         engine_logprobs=[c.logprobs for _, c in samples],
@@ -79,9 +79,9 @@ def test_engine_logprobs_with_pushed_adapter_match_the_learner(rollout, learner,
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # step() donates (updates in place) the params it is given
     trained = copy(learner.params)
     try:
-        diff = learner.step(batch)["learner/logprob_abs_diff"]
+        diff = grpo_step(learner, learner.cfg.grpo, batch)["learner/logprob_abs_diff"]
         learner.params = ts.zero_b(copy(trained))  # the same samples scored by the base model
-        base_diff = learner.step(batch)["learner/logprob_abs_diff"]
+        base_diff = grpo_step(learner, learner.cfg.grpo, batch)["learner/logprob_abs_diff"]
     finally:
         learner.params = trained
     print(f"{learner.family}: learner vs engine {diff:.2e} per token with the adapter, {base_diff:.2e} without")
@@ -105,7 +105,7 @@ PENALTY_VACUITY_RATIO = 10.0
 PENALTY_FAMILY = "llama"
 
 
-def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[TrainBatch, TrainBatch]:
+def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[ScoredSamples, ScoredSamples]:
     """(batch under the engine's full transform, the same samples under a transform without the penalties)."""
     stop = []
     if "min_tokens" in sampling:
@@ -118,9 +118,9 @@ def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[TrainBat
     assert all(len(c.token_ids) == MAX_TOKENS for _, c in samples)
     modelled = SamplingTransform.of(params, model_eos_ids(str(model_dir)))
     unmodelled = modelled._replace(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
-    make = lambda s: TrainBatch([p for p, _ in samples], [c.token_ids for _, c in samples],
-                                [c.logprobs for _, c in samples], rng.random(len(samples)),
-                                np.repeat(np.arange(PROMPTS), N), s)
+    make = lambda s: ScoredSamples([p for p, _ in samples], [c.token_ids for _, c in samples],
+                                   [c.logprobs for _, c in samples], rng.random(len(samples)),
+                                   np.repeat(np.arange(PROMPTS), N), s)
     return make(modelled), make(unmodelled)
 
 
@@ -133,9 +133,9 @@ def test_engine_logprobs_under_penalties_match_the_learner(rollout, learner, fam
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # step() donates (updates in place) the params it is given
     trained = copy(learner.params)
     try:
-        diff = learner.step(modelled)["learner/logprob_abs_diff"]
+        diff = grpo_step(learner, learner.cfg.grpo, modelled)["learner/logprob_abs_diff"]
         learner.params = copy(trained)
-        gap = learner.step(unmodelled)["learner/logprob_abs_diff"]
+        gap = grpo_step(learner, learner.cfg.grpo, unmodelled)["learner/logprob_abs_diff"]
     finally:
         learner.params = trained
     print(f"\n{learner.family} {sampling}: learner vs engine {diff:.2e}/token modelled, {gap:.2e}/token without the modelling")

@@ -45,7 +45,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     keys = iter(jax.random.split(jax.random.key(0), 1000))
     learner.params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), learner.params)
 
-    adapter = Path(learner.export_lora(tmp_path / "adapter"))
+    adapter = Path(learner.export(tmp_path / "adapter"))
     merged = merged_model(model_dir, adapter, tmp_path / "merged")
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and len(config["target_modules"]) == 7
@@ -55,7 +55,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     hf = json.loads((model_dir / "config.json").read_text())
     heads_dim = hf["num_attention_heads"] * hf.get("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
     assert a.shape == (8, heads_dim) and b.shape == (hf["intermediate_size"], 8), "PEFT: A [r, in], B [out, r]"
-    assert tensors.keys() == learner.lora_tensors()[0].keys()
+    assert tensors.keys() == learner.save_for_sampler()[0].keys()
     layers = hf["num_hidden_layers"]
     assert len(tensors) == 2 * 7 * layers, f"{family}: {len(tensors)} tensors, not A+B x 7 x {layers}"
 

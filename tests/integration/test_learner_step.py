@@ -1,4 +1,5 @@
-"""Learner.step on the tiny model, on a device slice that is not device 0, with on-policy samples.
+"""GRPO steps (orchestration/update.py over the Learner's primitives) on the tiny model, on a device slice that is
+not device 0, with on-policy samples.
 
 The "engine" here is the learner's own model sampled in the test with temperature and top-k (`sample`), so the
 engine logprobs are exact: the learner must reproduce them under the same sampling transform (mismatch ~ 0).
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from learner.batch import TrainBatch
+from orchestration.update import ScoredSamples, grpo_step, plan_update
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
@@ -49,11 +50,11 @@ def odd_mass(learner: Learner, toks: np.ndarray) -> float:
     return float(np.exp(log_transform(learner.logits(toks)[:, P - 1 : P + N - 1]))[..., 1::2].sum(-1).mean())
 
 
-def batch_from(toks: np.ndarray, lps: np.ndarray) -> TrainBatch:
+def batch_from(toks: np.ndarray, lps: np.ndarray) -> ScoredSamples:
     comp = toks[:, P:]
-    return TrainBatch([list(p) for p in toks[:, :P]], [list(c) for c in comp], [list(x) for x in lps],
-                      rewards=(comp % 2 == 1).mean(1), group_ids=np.repeat(np.arange(len(toks) // G), G),
-                      sampling=SamplingTransform(temperature=T, top_k=K))
+    return ScoredSamples([list(p) for p in toks[:, :P]], [list(c) for c in comp], [list(x) for x in lps],
+                         rewards=(comp % 2 == 1).mean(1), group_ids=np.repeat(np.arange(len(toks) // G), G),
+                         sampling=SamplingTransform(temperature=T, top_k=K))
 
 
 def flat(tree) -> list[np.ndarray]:
@@ -75,7 +76,7 @@ def test_steps_move_lora_keep_base_and_raise_toy_reward(tiny_model_dir):
     eval_toks, _ = sample(learner, prompts, rng)
     start = odd_mass(learner, eval_toks)
     for _ in range(4):
-        metrics = learner.step(batch_from(*sample(learner, prompts, rng)))
+        metrics = grpo_step(learner, learner.cfg.grpo, batch_from(*sample(learner, prompts, rng)))
         for key in METRICS:
             assert np.isfinite(metrics[f"learner/{key}"]), f"learner/{key} is not finite: {metrics}"
         assert metrics["learner/logprob_abs_diff"] < 1e-4, (
@@ -101,11 +102,45 @@ def test_multi_update_kl_and_is_metrics(tiny_model_dir):
     rng = np.random.default_rng(1)
     toks, lps = sample(learner, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
     noisy = lps + rng.normal(0, 0.5, lps.shape)  # an engine with other numerics
-    metrics = learner.step(batch_from(toks, noisy))
+    metrics = grpo_step(learner, learner.cfg.grpo, batch_from(toks, noisy))
     assert metrics["learner/updates"] == 4
     assert metrics["learner/kl"] > 0, "KL to the reference stays 0 after 4 updates: reference forward broken"
     assert 0.2 < metrics["learner/logprob_abs_diff"] < 0.6, metrics
     assert 0 < metrics["learner/is_clip_frac"] < 1 and metrics["learner/mismatch_kl"] > 0
+
+
+def test_grpo_forward_backward_accumulates_and_only_optim_step_applies(tiny_model_dir):
+    """The handle's contract holds for GRPO as for the token losses: forward_backward adds its gradient to the held
+    one and changes no weight (not even with epochs and mini-batches configured: the loop makes those updates),
+    two calls hold the sum of their gradients, and optim_step applies it. Fails on main at 50ebc49, where
+    forward_backward(batch, "grpo") applied every update but the last itself."""
+    cfg = LearnerConfig.model_validate({
+        "devices": {"offset": 1, "count": 1}, "optimizer": {"lr": 1e-2}, "seq_bucket": 16,
+        "grpo": {"epochs": 2, "mini_batch_size": 8, "micro_batch_size": 4}})
+    learner = Learner(cfg, tiny_model_dir)
+    policy = learner.adapters["policy"]
+    rng = np.random.default_rng(4)
+    toks, lps = sample(learner, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
+    plan = plan_update(cfg.grpo, batch_from(toks, lps))
+    assert len(plan.minis) == 2 and plan.epochs == 2
+    start = flat(learner.params)
+
+    def gradient(*minis) -> list[np.ndarray]:
+        for mini in minis:
+            learner.forward_backward(mini, "grpo")
+        for a, b in zip(start, flat(learner.params)):
+            np.testing.assert_array_equal(a, b, err_msg="forward_backward changed a weight")
+        grads, policy.grads, policy.open = flat(policy.grads), None, None
+        return grads
+
+    first, second, both = gradient(plan.minis[0]), gradient(plan.minis[1]), gradient(*plan.minis)
+    assert max(float(np.abs(g).max()) for g in first) > 0, "vacuous: no gradient"
+    for a, b, ab in zip(first, second, both):
+        np.testing.assert_allclose(ab, a + b, rtol=1e-5, atol=1e-7, err_msg="two calls do not hold the sum")
+    learner.forward_backward(plan.minis[0], "grpo")
+    learner.optim_step()
+    assert any(not np.array_equal(a, b) for a, b in zip(start, flat(learner.params))), "optim_step applied nothing"
+    assert policy.grads is None
 
 
 def test_chunked_logprobs_step_equals_the_dense_reference(tiny_model_dir):
@@ -123,9 +158,9 @@ def test_chunked_logprobs_step_equals_the_dense_reference(tiny_model_dir):
         rng = np.random.default_rng(2)
         toks, lps = sample(learner, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
         batch = batch_from(toks, lps + rng.normal(0, 0.3, lps.shape))
-        batch = TrainBatch(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs, batch.rewards,
-                           batch.group_ids, sampling)
-        return learner.step(batch)
+        batch = ScoredSamples(batch.prompt_ids, batch.completion_ids, batch.engine_logprobs, batch.rewards,
+                              batch.group_ids, sampling)
+        return grpo_step(learner, learner.cfg.grpo, batch)
 
     dense, chunked = run(0), run(3)
     for key in METRICS:
@@ -146,12 +181,13 @@ def test_skipping_constant_reward_groups_equals_training_on_the_varying_groups_a
     toks, lps = sample(skip, rng.integers(3, 49000, (2, P)).repeat(G, 0), rng)
     both = batch_from(toks, lps)
     rewards = np.concatenate([np.linspace(0, 1, G), np.full(G, 0.5)])  # group 0 varies, group 1 is constant
-    both = TrainBatch(both.prompt_ids, both.completion_ids, both.engine_logprobs, rewards, both.group_ids,
-                      both.sampling)
-    first = TrainBatch(both.prompt_ids[:G], both.completion_ids[:G], both.engine_logprobs[:G], rewards[:G],
-                       both.group_ids[:G], both.sampling)
+    both = ScoredSamples(both.prompt_ids, both.completion_ids, both.engine_logprobs, rewards, both.group_ids,
+                         both.sampling)
+    first = ScoredSamples(both.prompt_ids[:G], both.completion_ids[:G], both.engine_logprobs[:G], rewards[:G],
+                          both.group_ids[:G], both.sampling)
 
-    skipped, kept, only = skip.step(both), keep.step(both), alone.step(first)
+    skipped, kept = grpo_step(skip, skip.cfg.grpo, both), grpo_step(keep, keep.cfg.grpo, both)
+    only = grpo_step(alone, alone.cfg.grpo, first)
     assert skipped["learner/zero_adv_frac"] == kept["learner/zero_adv_frac"] == 0.5
     assert only["learner/zero_adv_frac"] == 0.0
     assert (skipped["learner/trained_samples"], kept["learner/trained_samples"]) == (G, 2 * G)

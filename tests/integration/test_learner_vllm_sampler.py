@@ -37,7 +37,7 @@ def test_penalties_and_min_tokens_equal_vllms_sampler(engine_python, tmp_path):
     prompts = [list(map(int, rng.integers(0, 40, rng.integers(3, 12)))) for _ in range(N)]  # small id range: repeats
     comps = [[7 if j < 4 and t in STOP else int(t) for j, t in enumerate(rng.integers(0, 40, rng.integers(5, 20)))]
              for _ in range(N)]
-    p = pack(TrainBatch(prompts, comps, [[0.0] * len(c) for c in comps], np.zeros(N), np.arange(N)), np.zeros(N), 8)
+    p = pack(TrainBatch(prompts, comps, [[0.0] * len(c) for c in comps], np.zeros(N), np.arange(N)), 8)
     w = jnp.asarray(rng.normal(0, 0.6, (D, V)).astype(np.float32))
     hidden = jnp.asarray(rng.normal(0, 1, (*p.tokens.shape, D)).astype(np.float32))
     head = lambda h: h @ w

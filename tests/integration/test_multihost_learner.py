@@ -21,6 +21,7 @@ from learner.config import LearnerConfig
 from learner.group import LearnerGroup, start_learner
 from learner.handle import LearnerHandle
 from learner.learner import Learner
+from orchestration.update import grpo_step
 from test_learner_checkpoint import toy_batch
 
 pytestmark = pytest.mark.integration
@@ -47,8 +48,8 @@ def local_ray():
 def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
     # Reference: this process, 4 devices (conftest's XLA_FLAGS), mesh fsdp=4.
     one = Learner(LearnerConfig.model_validate(CFG), tiny_model_dir)
-    ref = [one.step(toy_batch(s)) for s in (0, 1)]
-    ref_lora = one.lora_tensors()[0]
+    ref = [grpo_step(one, one.cfg.grpo, toy_batch(s)) for s in (0, 1)]
+    ref_lora = one.save_for_sampler()[0]
 
     group = start_learner(LearnerConfig.model_validate({**CFG, "hosts": 2}), tiny_model_dir, tmp_path / "ckpt",
                           actor_options=fake_devices(2))
@@ -57,8 +58,8 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
         devices = ray.get(group.devices.remote(), timeout=300)
         assert len(devices) == 4, f"the 2-process mesh should span 4 devices, got {devices}"
         learner = LearnerHandle(group)
-        got = [{**learner.forward_backward(toy_batch(s)).result(), **learner.optim_step().result()} for s in (0, 1)]
-        lora, config = ray.get(group.lora_tensors.remote(), timeout=120)
+        got = [grpo_step(learner, one.cfg.grpo, toy_batch(s)) for s in (0, 1)]
+        lora, config = ray.get(group.call.remote("save_for_sampler"), timeout=120)
         for r, g in zip(ref, got):
             for key in ("learner/loss", "learner/grad_norm", "learner/kl", "learner/entropy"):
                 assert abs(r[key] - g[key]) <= TOL * max(1.0, abs(r[key])), f"{key}: 1 process {r[key]} vs 2 {g[key]}"
@@ -70,11 +71,10 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
         assert worst <= TOL, f"updated LoRA differs by {worst} between 1 and 2 processes (sharded update or gather bug)"
 
         # Orbax across processes: save, take another step, restore -> the saved weights and step come back.
-        ray.get(group.save.remote(2, {"data": {"pos": 7}}), timeout=120)
-        learner.forward_backward(toy_batch(2)).result()
-        learner.optim_step().result()
-        step, extra = ray.get(group.restore.remote(), timeout=120)
-        restored = ray.get(group.lora_tensors.remote(), timeout=120)[0]
+        ray.get(group.call.remote("save", 2, {"data": {"pos": 7}}), timeout=120)
+        grpo_step(learner, one.cfg.grpo, toy_batch(2))
+        step, extra = ray.get(group.call.remote("restore"), timeout=120)
+        restored = ray.get(group.call.remote("save_for_sampler"), timeout=120)[0]
         assert (step, extra) == (2, {"data": {"pos": 7}})
         assert all(np.array_equal(restored[k], lora[k]) for k in lora), "restore did not bring back step 2's LoRA"
     finally:

@@ -27,7 +27,7 @@ import pytest
 from conftest import perturbed_learner, rollout_serving
 from learner import train_step as ts
 from learner.adapter_api import POLICY
-from learner.batch import TrainBatch
+from orchestration.update import ScoredSamples, grpo_step, plan_update
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
 from common.sampling import Completion
@@ -71,10 +71,10 @@ def groups(rollout, renderer) -> list[Group]:
     return play(rollout, renderer, env, rows, PARAMS, LIMITS, seeds=[11, 12, 13])
 
 
-def train_batch(groups: list[Group], masked: bool = True) -> TrainBatch:
+def train_batch(groups: list[Group], masked: bool = True) -> ScoredSamples:
     samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
     rng = np.random.default_rng(0)
-    return TrainBatch(
+    return ScoredSamples(
         prompt_ids=[p for p, _ in samples], completion_ids=[s.token_ids for _, s in samples],
         engine_logprobs=[s.logprobs for _, s in samples], rewards=rng.random(len(samples)),
         group_ids=np.repeat(np.arange(len(groups)), N), sampling=SamplingTransform.of(PARAMS),
@@ -85,25 +85,25 @@ def copy(tree):
     return jax.tree.map(jnp.copy, tree)  # step() donates (updates in place) the params it is given
 
 
-def step_from(learner: Learner, params, batch: TrainBatch) -> tuple[dict, dict]:
+def step_from(learner: Learner, params, batch: ScoredSamples) -> tuple[dict, dict]:
     """(metrics, updated params) of one learner step from `params` and the learner's optimizer state, leaving both
     as they were (so every call is a first update from the same state)."""
     kept, opt_state = copy(learner.params), copy(learner.opt_state)
     try:
         learner.params = copy(params)
-        metrics = learner.step(batch)
+        metrics = grpo_step(learner, learner.cfg.grpo, batch)
         return metrics, copy(learner.params)
     finally:
         learner.params, learner.opt_state = kept, opt_state
 
 
-def gradient_from(learner: Learner, params, batch: TrainBatch) -> tuple[dict, np.ndarray]:
+def gradient_from(learner: Learner, params, batch: ScoredSamples) -> tuple[dict, np.ndarray]:
     """(forward_backward's metrics, the gradient it leaves for optim_step, flattened) from `params`; the learner's
     weights and optimizer are left as they were (no update is applied)."""
     kept, policy = copy(learner.params), learner.adapters[POLICY]
     try:
         learner.params = copy(params)
-        metrics = learner.forward_backward(batch, "grpo")
+        metrics = learner.forward_backward(plan_update(learner.cfg.grpo, batch).minis[0], "grpo")
         grads, policy.grads, policy.open = policy.grads, None, None
         return metrics, np.concatenate([np.ravel(np.asarray(g)) for g in jax.tree.leaves(grads)])
     finally:
@@ -184,20 +184,21 @@ def test_environment_tokens_carry_no_loss(groups, learner):
     turns, episodes = max(((k, v[:2]) for k, v in by_turns.items() if len(v) >= 2), key=lambda kv: kv[0])
     assert turns >= 2, "no two episodes with two model turns: the comparison is vacuous"
     rewards = np.array([1.0, 0.0])  # Dr. GRPO advantages (no std): +0.5 and -0.5 for every row of each episode
-    multi = TrainBatch([p for p, _ in episodes], [s.token_ids for _, s in episodes], [s.logprobs for _, s in episodes],
-                       rewards, np.zeros(2, np.int32), SamplingTransform.of(PARAMS), [s.mask for _, s in episodes])
+    multi = ScoredSamples([p for p, _ in episodes], [s.token_ids for _, s in episodes],
+                          [s.logprobs for _, s in episodes], rewards, np.zeros(2, np.int32),
+                          SamplingTransform.of(PARAMS), [s.mask for _, s in episodes])
     rows = [(row, r) for (p, s), r in zip(episodes, rewards) for row in split_turns(p, s)]
-    split = TrainBatch([r[0] for r, _ in rows], [r[1] for r, _ in rows], [r[2] for r, _ in rows],
-                       np.array([w for _, w in rows]), np.zeros(len(rows), np.int32), SamplingTransform.of(PARAMS))
+    split = ScoredSamples([r[0] for r, _ in rows], [r[1] for r, _ in rows], [r[2] for r, _ in rows],
+                          np.array([w for _, w in rows]), np.zeros(len(rows), np.int32), SamplingTransform.of(PARAMS))
     start = copy(learner.params)
     # Gradients, not Adam updates: one Adam step moves an element by about lr x sign(gradient), so rounding-level
     # differences between the two layouts' gradients became update differences of 5e-2 of the largest on one
     # machine (issue 38) while the gradients agreed; the gradient is what the mask decides.
     m_multi, g_multi = gradient_from(learner, start, multi)
     m_split, g_split = gradient_from(learner, start, split)
-    _, g_leak = gradient_from(learner, start, TrainBatch(*[getattr(multi, f) for f in
-                                                           ("prompt_ids", "completion_ids", "engine_logprobs",
-                                                            "rewards", "group_ids", "sampling")]))
+    _, g_leak = gradient_from(learner, start, ScoredSamples(*[getattr(multi, f) for f in
+                                                              ("prompt_ids", "completion_ids", "engine_logprobs",
+                                                               "rewards", "group_ids", "sampling")]))
     gap = float(np.max(np.abs(g_multi - g_split)) / np.max(np.abs(g_split)))
     norm = lambda g: float(np.linalg.norm(g))  # noqa: E731
     print(f"\ngradient norm: multi-turn row {norm(g_multi):.6g}, its turns as rows {norm(g_split):.6g}, environment "
@@ -223,7 +224,7 @@ def test_a_verifiers_environment_runs_through_the_adapter(rollout, renderer, lea
     assert any(0 < sum(s.mask) < len(s.mask) for s in samples), "no episode got a reply: vacuous"
     replies = {m["content"] for s in samples for m in s.episode.transcript if m["role"] == "user"}
     assert replies <= {"Higher.", "Lower.", "Reply with one number from 1 to 16."}, replies
-    metrics, _ = step_from(learner, learner.params, TrainBatch(
+    metrics, _ = step_from(learner, learner.params, ScoredSamples(
         [g.prompt_ids for g in groups for _ in g.samples], [s.token_ids for s in samples],
         [s.logprobs for s in samples], np.array([s.env_reward for s in samples]) + np.arange(len(samples)) % 2,
         np.repeat(np.arange(len(groups)), N), SamplingTransform.of(PARAMS), [s.mask for s in samples]))

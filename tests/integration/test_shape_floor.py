@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from learner.batch import TrainBatch
+from orchestration.update import ScoredSamples, grpo_step
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
@@ -20,10 +20,10 @@ pytestmark = pytest.mark.integration
 G = 4  # group size
 
 
-def batch(rng: np.random.Generator, prompt: int, completion: int) -> TrainBatch:
+def batch(rng: np.random.Generator, prompt: int, completion: int) -> ScoredSamples:
     """Two groups of G samples: `prompt` tokens each, `completion` tokens, varied rewards."""
     prompts = [list(rng.integers(3, 49000, prompt)) for _ in range(2)]
-    return TrainBatch(
+    return ScoredSamples(
         prompt_ids=[prompts[i // G] for i in range(2 * G)],
         completion_ids=[list(rng.integers(3, 49000, completion)) for _ in range(2 * G)],
         engine_logprobs=[list(rng.uniform(-6, -1, completion)) for _ in range(2 * G)],
@@ -41,9 +41,9 @@ def test_a_shorter_step_runs_the_compiled_shapes_with_the_same_update(tiny_model
     rng = np.random.default_rng(0)
     long, short = batch(rng, 12, 20), batch(rng, 5, 3)  # length 32 / window 24 vs 8 / 8 in buckets of 8
     padded, own = learner(tiny_model_dir, True), learner(tiny_model_dir, False)
-    first = [padded.step(long), own.step(long)]
+    first = [grpo_step(padded, padded.cfg.grpo, long), grpo_step(own, own.cfg.grpo, long)]
     assert all(m["learner/compile_s"] > 0 for m in first), "the first step compiles: compile_s must show it"
-    again, fresh = padded.step(short), own.step(short)
+    again, fresh = grpo_step(padded, padded.cfg.grpo, short), grpo_step(own, own.cfg.grpo, short)
 
     assert fresh["learner/compile_s"] > 0, "without the floor, the shorter batch's shapes compile anew"
     assert again["learner/compile_s"] == 0, (
@@ -66,12 +66,12 @@ def test_a_resumed_learner_pads_as_the_uninterrupted_one(tiny_model_dir, tmp_pat
         "devices": {"offset": 0, "count": 1}, "seq_bucket": 8, "optimizer": {"lr": 1e-3},
         "grpo": {"micro_batch_size": 2 * G}})
     first = Learner(cfg(), tiny_model_dir, checkpoint_dir=tmp_path)
-    first.step(long)
+    grpo_step(first, first.cfg.grpo, long)
     first.save(1)
     resumed = Learner(cfg(), tiny_model_dir, checkpoint_dir=tmp_path)
     assert resumed.restore()[0] == 1
     assert resumed._floor == first._floor, f"restored floor {resumed._floor}, saved {first._floor}"
-    went_on, after_resume = first.step(short), resumed.step(short)
+    went_on, after_resume = grpo_step(first, first.cfg.grpo, short), grpo_step(resumed, resumed.cfg.grpo, short)
     assert after_resume["learner/loss"] == went_on["learner/loss"], "the resumed step does not equal the uninterrupted"
     first.close()
     resumed.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learner.batch import TrainBatch
+from orchestration.update import ScoredSamples, grpo_step
 from learner.config import LearnerConfig
 from learner.learner import Learner
 from learner.sampling import SamplingTransform
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 SAMPLING = SamplingTransform(temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.2, presence_penalty=0.1)
 
 
-def grouped_batch(prompt_lengths: list[int], samples: int, max_completion: int, seed: int = 0) -> TrainBatch:
+def grouped_batch(prompt_lengths: list[int], samples: int, max_completion: int, seed: int = 0) -> ScoredSamples:
     """Groups of `samples` completions of one prompt each, prompts of different lengths (left padding matters)."""
     rng = np.random.default_rng(seed)
     prompts, comps = [], []
@@ -27,21 +27,21 @@ def grouped_batch(prompt_lengths: list[int], samples: int, max_completion: int, 
             prompts.append(prompt)
             comps.append(list(rng.integers(3, 500, rng.integers(1, max_completion + 1))))
     n = len(prompts)
-    return TrainBatch(prompts, comps, [list(-rng.random(len(c)) - 0.5) for c in comps], rng.random(n),
-                      np.repeat(np.arange(len(prompt_lengths)), samples), SAMPLING)
+    return ScoredSamples(prompts, comps, [list(-rng.random(len(c)) - 0.5) for c in comps], rng.random(n),
+                         np.repeat(np.arange(len(prompt_lengths)), samples), SAMPLING)
 
 
-def one_step(path, batch: TrainBatch, share: bool, **cfg) -> tuple[Learner, dict, dict]:
+def one_step(path, batch: ScoredSamples, share: bool, **cfg) -> tuple[Learner, dict, dict]:
     """(learner, step metrics, LoRA change). Adam with eps 1 and lr 1 moves each weight by g / (|g| + 1), about
     the gradient itself: at the usual eps a first step is lr * sign(g), which float noise flips where g ~ 0."""
     learner = Learner(LearnerConfig.model_validate({"share_prompts": share, "lora": {"rank": 4, "alpha": 8},
                                                     "optimizer": {"lr": 1.0, "eps": 1.0}, **cfg}), path)
-    before = learner.lora_tensors()[0]
-    metrics = learner.step(batch)
-    return learner, metrics, {k: v - before[k] for k, v in learner.lora_tensors()[0].items()}
+    before = learner.save_for_sampler()[0]
+    metrics = grpo_step(learner, learner.cfg.grpo, batch)
+    return learner, metrics, {k: v - before[k] for k, v in learner.save_for_sampler()[0].items()}
 
 
-def assert_same_step(path, batch: TrainBatch, expect_shared: bool, **cfg) -> None:
+def assert_same_step(path, batch: ScoredSamples, expect_shared: bool, **cfg) -> None:
     shared, got, change = one_step(path, batch, True, **cfg)
     assert (shared._layout is not None) == expect_shared, f"layout {shared._layout}: sharing not as expected"
     _, want, plain_change = one_step(path, batch, False, **cfg)
@@ -103,10 +103,10 @@ def token_datums(prompt_lengths: list[int], samples: int, max_completion: int, l
 def one_token_update(path, batch, loss: str, **cfg) -> tuple[Learner, dict, dict]:
     learner = Learner(LearnerConfig.model_validate({"lora": {"rank": 4, "alpha": 8},
                                                     "optimizer": {"lr": 1.0, "eps": 1.0}, **cfg}), path)
-    before = learner.lora_tensors()[0]
+    before = learner.save_for_sampler()[0]
     out = learner.forward_backward(batch, loss)
     learner.optim_step()
-    return learner, out, {k: v - before[k] for k, v in learner.lora_tensors()[0].items()}
+    return learner, out, {k: v - before[k] for k, v in learner.save_for_sampler()[0].items()}
 
 
 @pytest.mark.parametrize("loss, share", [("cross_entropy", True), ("importance_sampling", False), ("dro", True)])

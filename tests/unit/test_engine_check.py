@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestration.config.files import load_config
-from orchestration.engine_check import EngineMismatchError, check_engine_agreement
+from orchestration.update import EngineMismatchError, check_engine_agreement
 from common.model_cache import model_dir
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "countdown_smollm2_cpu.yaml"

@@ -63,7 +63,7 @@ def head_and_hidden(seed: int, shape):
 @pytest.mark.parametrize("chunk", [5, 64])  # several chunks; one chunk wider than the window
 @pytest.mark.parametrize("fused", [True, False], ids=["fused_grad", "autodiff"])
 def test_window_logprobs_equal_the_dense_reference(s, chunk, fused):
-    p = pack(random_batch(0, s), np.zeros(5), bucket=4, rows=6)
+    p = pack(random_batch(0, s), bucket=4, rows=6)
     head, hidden = head_and_hidden(1, p.tokens.shape)
     m = p.loss_mask > 0
 
@@ -129,7 +129,7 @@ PENALTIES = {
 @pytest.mark.parametrize("chunk", [1, 5])
 def test_penalties_and_min_tokens_follow_vllm(s, chunk):
     batch = random_batch(4, s, n=6, first=[3, 3, 3, 9, 3, 9, 9])  # repeats: every count rule is exercised
-    p = pack(batch, np.zeros(6), bucket=4)
+    p = pack(batch, bucket=4)
     head, hidden = head_and_hidden(5, p.tokens.shape)
     logits = np.asarray(head(hidden))
     run = lambda s: np.asarray(jax.jit(lambda h: window_logprobs(h, head, V, p, s, chunk, False, False)[0])(hidden))
@@ -180,7 +180,7 @@ def test_fused_gradient_equals_autodiff_under_penalties(s):
     """The fused gradient rests on each position's logp depending on its own hidden state only; penalties and
     min_tokens make logits depend on earlier tokens (not on earlier hidden states), so it must still hold."""
     batch = random_batch(4, s, n=6, first=[3, 3, 3, 9, 3, 9, 9])
-    p = pack(batch, np.zeros(6), bucket=4)
+    p = pack(batch, bucket=4)
     head, hidden = head_and_hidden(5, p.tokens.shape)
     weights = jnp.asarray(np.random.default_rng(6).normal(size=p.tokens.shape).astype(np.float32)) * p.loss_mask
     loss = lambda fused: jax.jit(jax.value_and_grad(
@@ -199,7 +199,7 @@ def test_entropy_gradient_equals_the_dense_reference(s, fused):
     mix of logp and entropy equals autodiff of the dense reference (truncated tokens, -inf logits, add no NaN), and
     without `entropy_grad` the entropy stays detached. Fails before the entropy had a gradient (it was always
     detached, so the mix's gradient was logp's alone)."""
-    p = pack(random_batch(7, s, n=5, first=[3, 3, 9, 3]), np.zeros(5), bucket=4, rows=6)
+    p = pack(random_batch(7, s, n=5, first=[3, 3, 9, 3]), bucket=4, rows=6)
     head, hidden = head_and_hidden(8, p.tokens.shape)
     rng = np.random.default_rng(9)
     a, b = (jnp.asarray(rng.normal(size=p.tokens.shape).astype(np.float32)) * p.loss_mask for _ in range(2))

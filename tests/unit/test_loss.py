@@ -17,9 +17,9 @@ import pytest
 from flax import nnx
 
 from learner.batch import TrainBatch, pack
-from learner.loss import (LossOptions, constant_reward_groups, dense_sampling_logprobs, grpo_advantages,
-                          grpo_token_loss, kl_penalty, token_weights)
+from learner.loss import LossOptions, dense_sampling_logprobs, grpo_token_loss, kl_penalty, token_weights
 from learner.sampling import SamplingTransform
+from orchestration.update import constant_reward_groups, group_advantages
 
 TOL = 1e-5
 
@@ -31,13 +31,13 @@ def test_advantages_hand_computed_groups():
     # group 0: mean 0.5, std(ddof=1) = sqrt(1/3); group 1: mean 0.875, std(ddof=1) = 0.75
     s0, s1 = np.sqrt(1 / 3), 0.75
     want = np.array([0.5 / s0, -0.5 / s0, -0.5 / s0, 0.5 / s0, -0.375 / s1, -0.375 / s1, -0.375 / s1, 1.125 / s1])
-    np.testing.assert_allclose(grpo_advantages(rewards, groups, std_normalize=True), want, atol=1e-5)
-    dr = grpo_advantages(rewards, groups, std_normalize=False)
+    np.testing.assert_allclose(group_advantages(rewards, groups, std_normalize=True), want, atol=1e-5)
+    dr = group_advantages(rewards, groups, std_normalize=False)
     np.testing.assert_allclose(dr, [0.5, -0.5, -0.5, 0.5, -0.375, -0.375, -0.375, 1.125], atol=1e-7)
 
 
 def test_advantages_constant_group_is_zero_and_groups_may_interleave():
-    adv = grpo_advantages(np.array([3.0, 1.0, 3.0, 2.0]), np.array([7, 9, 7, 9]), std_normalize=True)
+    adv = group_advantages(np.array([3.0, 1.0, 3.0, 2.0]), np.array([7, 9, 7, 9]), std_normalize=True)
     assert adv[0] == 0 and adv[2] == 0, "a group with equal rewards must get zero advantage"
     assert adv[1] < 0 < adv[3]
 
@@ -46,7 +46,7 @@ def test_advantages_match_tunix():
     from tunix.rl.algo_core import compute_advantages
 
     rewards = np.random.default_rng(0).random(12).astype(np.float32)
-    ours = grpo_advantages(rewards, np.repeat(np.arange(3), 4), std_normalize=True)
+    ours = group_advantages(rewards, np.repeat(np.arange(3), 4), std_normalize=True)
     np.testing.assert_allclose(ours, compute_advantages(rewards, 4), atol=1e-5)
 
 
@@ -125,7 +125,7 @@ def make_groups(seed=0, lengths=(3, 5, 1, 4, 6, 2)):
     old = logp + rng.normal(0, 0.3, (b, length)).astype(np.float32)  # ratios inside and outside the clip range
     engine = old + rng.normal(0, 0.5, (b, length)).astype(np.float32)
     ref = logp + rng.normal(0, 0.2, (b, length)).astype(np.float32)
-    adv = grpo_advantages(rng.random(b), np.repeat([0, 1], 3), std_normalize=True)
+    adv = group_advantages(rng.random(b), np.repeat([0, 1], 3), std_normalize=True)
     return dict(logp=logp, old=old, engine=engine, ref=ref, adv=adv, mask=mask)
 
 
@@ -311,8 +311,8 @@ def test_loss_and_gradient_match_tunix(opts, mode):
         if mode == "seq-mean-token-sum-norm":
             common.aggregate_loss = real
 
-    batch = TrainBatch(prompts, completions, engine, np.zeros(4), np.arange(4), SamplingTransform(temperature))
-    p = pack(batch, adv, bucket=4)
+    batch = TrainBatch(prompts, completions, engine, adv, np.arange(4), SamplingTransform(temperature))
+    p = pack(batch, bucket=4)
     w = token_weights(p.loss_mask, mode, norm_tokens)
 
     def our_loss(tab):
@@ -390,7 +390,7 @@ def test_constant_reward_groups_marks_groups_whose_rewards_are_all_equal():
     constant = constant_reward_groups(rewards, groups)
     assert constant.tolist() == [False] * 4 + [True] * 4
     for std_normalize in (True, False):  # a constant group has advantage 0 under every variant
-        assert not grpo_advantages(rewards, groups, std_normalize)[constant].any()
+        assert not group_advantages(rewards, groups, std_normalize)[constant].any()
     assert not constant_reward_groups(np.array([0.0, 1e-9]), np.array([5, 5])).any()  # a tiny difference varies
 
 

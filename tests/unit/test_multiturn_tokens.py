@@ -64,9 +64,9 @@ def test_pack_masks_environment_tokens_out_of_loss_and_logprobs():
     prompt, completion = [5, 6, 7], [10, 11, 20, 21, 22, 12, 13]
     mask = [1, 1, 0, 0, 0, 1, 1]  # two model turns around an environment reply
     engine = [-0.1, -0.2, 0.0, 0.0, 0.0, -0.3, -0.4]
-    batch = TrainBatch([prompt], [completion], [engine], np.zeros(1), np.zeros(1, np.int32), completion_mask=[mask])
-    single = TrainBatch([prompt], [completion], [engine], np.zeros(1), np.zeros(1, np.int32))
-    masked, plain = pack(batch, np.ones(1), 8), pack(single, np.ones(1), 8)
+    batch = TrainBatch([prompt], [completion], [engine], np.ones(1), np.zeros(1, np.int32), completion_mask=[mask])
+    single = TrainBatch([prompt], [completion], [engine], np.ones(1), np.zeros(1, np.int32))
+    masked, plain = pack(batch, 8), pack(single, 8)
     # Completion token j is predicted from position len(prompt) - 1 + j.
     at = len(prompt) - 1 + np.arange(len(completion))
     assert masked.loss_mask[0, at].tolist() == mask
