@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -101,6 +102,53 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         return
     fs, inner = filesystem(str(path))
     fs.pipe_file(inner, text.encode())
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Add `text` to the end of a file, making it when there is none (on a URI only `text` is sent: `append`)."""
+    if not is_uri(path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with Path(path).open("a") as f:
+            f.write(text)
+    elif exists(path):
+        append(str(path), text.encode())
+    else:
+        write_text(path, text)
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    if not is_uri(path):
+        return Path(path).read_bytes()
+    fs, inner = filesystem(str(path))
+    return fs.cat_file(inner)
+
+
+def file_sizes(path: str | os.PathLike) -> dict[str, int]:
+    """Every file under the folder `path` by its path relative to it (with '/'), and its size in bytes."""
+    if not is_uri(path):
+        root = Path(path)
+        return {f.relative_to(root).as_posix(): f.stat().st_size for f in sorted(root.rglob("*")) if f.is_file()}
+    fs, inner = filesystem(str(path))
+    if not fs.exists(inner):
+        return {}
+    fs.invalidate_cache(inner)
+    return {name[len(inner):].lstrip("/"): int(info["size"]) for name, info in
+            sorted(fs.find(inner, detail=True).items())}
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Delete a file or a folder with everything under it; nothing there is not an error."""
+    if not is_uri(path):
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        return
+    fs, inner = filesystem(str(path))
+    if fs.exists(inner):
+        fs.rm(inner, recursive=True)
+        fs.invalidate_cache(inner)
 
 
 def list_names(path: str | os.PathLike) -> list[str]:

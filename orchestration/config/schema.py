@@ -397,6 +397,11 @@ class ApiConfig(Strict):
     and polls of the queued ones say `paused_capacity`, so the SDK backs off and resubmits instead of piling up."""
     max_body_mb: float = Field(1024, gt=0)
     """Largest request body taken, in MiB; a bigger one is refused (413) naming this key."""
+    min_checkpoint_ttl_s: int = Field(3600, ge=1)
+    """Shortest `ttl_seconds` a checkpoint may be given (at save or by `set_checkpoint_ttl`); Tinker's is an hour.
+    A checkpoint past its expiry is deleted, its folder and its record."""
+    checkpoint_sweep_s: float = Field(60, gt=0)
+    """How often the server deletes expired checkpoints of every run (a listing of a run deletes its own at once)."""
 
 
 class ServiceConfig(Strict):
@@ -413,7 +418,7 @@ class ServiceConfig(Strict):
     ray: RayConfig = RayConfig()
     """The Ray cluster to join or start."""
     api: ApiConfig = ApiConfig()
-    """The Tinker API's queue depth and body cap."""
+    """The Tinker API's queue depth, body cap and checkpoint expiry."""
 
     judge_engine: None = None  # the cluster launcher reads it (a service starts no judge)
 

@@ -13,6 +13,8 @@ future this server does not know (it restarted) a 410, on which the SDK's sample
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,7 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
+from orchestration.service.checkpoints import SaveOptions
 from orchestration.service.futures import Futures, Outcome, QueueFull, UserError
+from orchestration.service.rest import FILES, RestRoutes
 from orchestration.service.training import TinkerService, TrainingModel, training_model_id
 from orchestration.service import wire
 
@@ -51,9 +55,11 @@ class TinkerApp:
         self.futures = Futures(service.cfg.api.max_pending_ops)
         self.max_body = int(service.cfg.api.max_body_mb * (1 << 20))
         self._by_seq: dict[tuple[str, int], str] = {}  # (model_id, seq_id) -> request_id: a retried POST is one job
+        self.rest = RestRoutes(service, api_key)
 
     def build(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=self.max_body)
+        app.cleanup_ctx.append(self._sweeping)
         post, get = app.router.add_post, app.router.add_get
         post(f"{API}/client/config", lambda r: self._json(CLIENT_CONFIG))
         post(f"{API}/client/dynamic_config", lambda r: self._json({"refresh_interval_sec": 300,
@@ -70,20 +76,22 @@ class TinkerApp:
         post(f"{API}/optim_step", self.optim_step)
         post(f"{API}/save_weights", self.save_weights)
         post(f"{API}/save_weights_for_sampler", self.save_weights_for_sampler)
+        post(f"{API}/save_weights_external", self.save_weights_external)
         post(f"{API}/load_weights", self.load_weights)
         post(f"{API}/create_sampling_session", self.create_sampling_session)
         get(f"{API}/samplers/{{sampler_id}}", self.get_sampler)
         post(f"{API}/asample", self.asample)
         post(f"{API}/retrieve_future", self.retrieve_future)
-        get(f"{API}/training_runs/{{run_id}}", self.training_run)
-        get(f"{API}/training_runs/{{run_id}}/checkpoints", self.list_checkpoints)
+        self.rest.add_to(app)  # training runs, checkpoints, weights downloads, sessions (orchestration/service/rest.py)
         return app
 
     # ---- plumbing ------------------------------------------------------------------------------------------------
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The key, then the route; a mistake becomes one JSON line, never a traceback."""
-        if request.headers.get("X-API-Key") != self.api_key:
+        # a signed download URL carries no key (the SDK's CLI fetches it with plain urllib): its signature instead
+        signed = request.path.startswith(FILES) and self.rest.signed(request)
+        if request.headers.get("X-API-Key") != self.api_key and not signed:
             return detail(401, "missing or wrong API key: set TINKER_API_KEY to the key `aha tinker` printed")
         try:
             return await handler(request)
@@ -110,6 +118,22 @@ class TinkerApp:
             return detail(404, f"{err.args[0]!r} is not known to this server")
         log.exception("%s %s failed", request.method, request.path, exc_info=err)
         return detail(500, f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
+
+    async def _sweeping(self, app: web.Application):
+        """Expired checkpoints deleted every api.checkpoint_sweep_s while the server runs."""
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(self.service.cfg.api.checkpoint_sweep_s)
+                try:
+                    await asyncio.to_thread(self.service.records.sweep)
+                except Exception:  # storage down for a while: the next sweep tries again
+                    log.exception("checkpoint sweep failed")
+
+        task = asyncio.create_task(sweep())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     @staticmethod
     async def _json(body: dict[str, Any]) -> web.Response:
@@ -157,8 +181,9 @@ class TinkerApp:
 
     # ---- sessions and training clients ----------------------------------------------------------------------------
     async def create_session(self, request: web.Request) -> web.Response:
-        await request.json()
-        return web.json_response({"type": "create_session", "session_id": self.service.create_session()})
+        body = await request.json()
+        session_id = self.service.create_session(body.get("user_metadata"))
+        return web.json_response({"type": "create_session", "session_id": session_id})
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -202,8 +227,20 @@ class TinkerApp:
     async def save_weights(self, request: web.Request) -> web.Response:
         body = await request.json()
         m = self.service.model(body["model_id"])
-        return self._sequenced("save_weights", m, self._taking(request, m, body["seq_id"]),
-                               lambda: self.service.save_state(m, str(body["path"])))
+        seq_id = self._taking(request, m, body["seq_id"])
+        keep = SaveOptions.of(body, self.service.records)
+        return self._sequenced("save_weights", m, seq_id, lambda: self.service.save_state(m, str(body["path"]), keep))
+
+    async def save_weights_external(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        m = self.service.model(body["model_id"])
+        seq_id = self._taking(request, m, body["seq_id"])
+        if body.get("age_encryption_recipients"):
+            raise UserError("age_encryption_recipients: this server writes external weights unencrypted (its run "
+                            "directory is yours); leave it out")
+        keep = SaveOptions.of(body, self.service.records)
+        return self._sequenced("save_weights_external", m, seq_id,
+                               lambda: self.service.save_external(m, str(body["path"]), keep))
 
     async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -211,8 +248,9 @@ class TinkerApp:
         seq_id = self._taking(request, m, body["seq_id"])
         session = m.model_id.split(":")[0]
         seq = body.get("sampling_session_seq_id")
+        keep = SaveOptions.of(body, self.service.records)
         return self._sequenced("save_weights_for_sampler", m, seq_id, lambda: self.service.save_for_sampler(
-            m, body.get("path"), None if seq is None else int(seq), session, body.get("kind") or "snapshot"))
+            m, body.get("path"), None if seq is None else int(seq), session, body.get("kind") or "snapshot", keep))
 
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -272,10 +310,3 @@ class TinkerApp:
         if outcome.proto is not None:
             return web.Response(body=outcome.proto, content_type="application/x-protobuf")
         return web.Response(text=json.dumps(outcome.json), content_type="application/json")
-
-    # ---- training runs and checkpoints ------------------------------------------------------------------------------
-    async def training_run(self, request: web.Request) -> web.Response:
-        return web.json_response(self.service.training_run(request.match_info["run_id"]))
-
-    async def list_checkpoints(self, request: web.Request) -> web.Response:
-        return web.json_response({"checkpoints": self.service.checkpoints(request.match_info["run_id"])})

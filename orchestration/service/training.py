@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from common.peft_adapter import read_adapter, write_adapter
-from common.storage import exists, local_folder, read_text, write_folder, write_text
+from common.storage import exists, local_folder, read_text, remove, write_folder
 from learner.adapter_api import AdamParams
 from learner.config import LoraConfig
 from learner.handle import LearnerHandle
@@ -42,6 +42,7 @@ from learner.token_batch import TokenBatch
 from learner.token_losses import loss_config
 from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
+from orchestration.service.checkpoints import CheckpointRecords, SaveOptions
 from orchestration.service.futures import Outcome, Sequencer, UserError
 from orchestration.service.sampling import LogprobAsk, answer, logprob_ask, sampling_params, target_params
 from orchestration.service.served import ServedAdapters
@@ -96,11 +97,13 @@ class TinkerService:
 
     def __init__(self, cfg: ServiceConfig, learner: LearnerHandle, rollout: RolloutHandle, root: str):
         self.cfg, self.learner, self.rollout, self.root = cfg, learner, rollout, root
+        self.records = CheckpointRecords(root, cfg.api.min_checkpoint_ttl_s)
         self.base_names = {cfg.model.path, str(cfg.model.resolved_path), cfg.rollout.backend.served_model_name}
         self.vocab_size = vocab_size(cfg.model.config_json)
         self.sessions: dict[str, dict[str, int]] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
+        self.session_metadata: dict[str, dict[str, Any] | None] = {}  # what create_session gave (get_session)
         backend = cfg.rollout.backend
         # every adapter served by name (versions and named checkpoints), at most as many on the engines as their
         # LoRA slots keep (vLLM's max_cpu_loras; one merged adapter on an engine without slots)
@@ -121,11 +124,12 @@ class TinkerService:
         return await asyncio.get_running_loop().run_in_executor(self._engine_calls, functools.partial(fn, *args))
 
     # ---- sessions and capabilities ------------------------------------------------------------------------------
-    def create_session(self) -> str:
+    def create_session(self, user_metadata: dict[str, Any] | None = None) -> str:
         # Unique across servers: a later server writes beside an earlier one's checkpoints under the same root.
         self._session_count += 1
         session_id = f"s{time.time_ns() // 1000:x}{self._session_count}"
         self.sessions[session_id] = {"model": 0, "sampler": 0}
+        self.session_metadata[session_id] = user_metadata
         return session_id
 
     def capabilities(self) -> dict[str, Any]:
@@ -178,7 +182,7 @@ class TinkerService:
         # seed None: a random init, as the SDK documents it (not one init every unseeded client shares)
         seed = secrets.randbits(31) if seed is None else int(seed) % 2**31
         await self.on_learner(lambda: self.learner.add_adapter(m.adapter, m.lora, seed).result())
-        self._write_run(m)
+        await self.on_learner(self._write_run, m)
         log.info("training client %s: LoRA rank %d on %s", m.model_id, m.lora.rank, m.base_model)
         return Outcome(json={"model_id": m.model_id, "type": "create_model"})
 
@@ -202,24 +206,44 @@ class TinkerService:
         m.last_request_time = now()
         return Outcome(json={"metrics": {"optim/grad_norm:mean": out["learner/grad_norm"]}})
 
-    async def save_state(self, m: TrainingModel, name: str) -> Outcome:
+    async def save_state(self, m: TrainingModel, name: str, keep: SaveOptions) -> Outcome:
         path = paths.TinkerPath(m.model_id, "weights", paths.checked_name(name))
+        await self.on_learner(self._make_room_for, path, keep)
         await self.on_learner(lambda: self.learner.save_state(m.adapter, path.location(self.root)).result())
-        self._note_checkpoint(m, path)
+        await self.on_learner(self.records.note, path, keep.ttl_seconds, keep.user_metadata)
         return Outcome(json={"path": str(path), "type": "save_weights"})
+
+    async def save_external(self, m: TrainingModel, name: str, keep: SaveOptions) -> Outcome:
+        """The LoRA as a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) at
+        `tinker://<model_id>/external_weights/<name>`, which `tinker checkpoint download` fetches file by file."""
+        path = paths.TinkerPath(m.model_id, "external_weights", paths.checked_name(name))
+        tensors, config = await self.on_learner(self.learner.save_for_sampler, m.adapter)
+        await self.on_learner(self._make_room_for, path, keep)
+        await self.on_learner(self._write_peft, path, tensors, config)
+        await self.on_learner(self.records.note, path, keep.ttl_seconds, keep.user_metadata)
+        return Outcome(json={"path": str(path), "type": "save_weights_external"})
+
+    def _make_room_for(self, path: paths.TinkerPath, keep: SaveOptions) -> None:
+        """A name saved before is replaced only with overwrite (save_state's default is False, as Tinker's)."""
+        if self.records.is_saved(path):
+            if not keep.overwrite:
+                raise UserError(f"{path} exists already: pass overwrite=True to replace it, or save under another "
+                                "name")
+            remove(path.location(self.root))
 
     async def load_state(self, m: TrainingModel, path: str, optimizer: bool) -> Outcome:
         where = paths.parse(path, ("weights",))
         location = where.location(self.root)
+        await self.on_learner(self._sweep_run, where)
         if not await self.on_learner(exists, location):
             raise UserError(f"{path}: no saved state there ({location})")
         lora = await self.on_learner(lambda: self.learner.load_state(m.adapter, location, optimizer).result())
         m.lora = self.check_rank(lora)
-        self._write_run(m)
+        await self.on_learner(self._write_run, m)
         return Outcome(json={"path": path, "model_id": m.model_id, "type": "load_weights"})
 
     async def save_for_sampler(self, m: TrainingModel, name: str | None, sampler_seq: int | None,
-                               session_id: str, kind: str = "snapshot") -> Outcome:
+                               session_id: str, kind: str = "snapshot", keep: SaveOptions = SaveOptions()) -> Outcome:
         """A new sampler version of `m`: served by every engine; a named one also kept in the run directory.
         kind "inflight": the sampler follows `m`'s newest version (the weights saved when it was made, or newer)."""
         if kind not in ("snapshot", "inflight"):
@@ -227,8 +251,9 @@ class TinkerService:
         tensors, config = await self.on_learner(self.learner.save_for_sampler, m.adapter)
         if name is not None:
             path = paths.TinkerPath(m.model_id, "sampler_weights", paths.checked_name(name))
+            await self.on_learner(self._make_room_for, path, keep)
             await self.on_learner(self._write_peft, path, tensors, config)
-            self._note_checkpoint(m, path)
+            await self.on_learner(self.records.note, path, keep.ttl_seconds, keep.user_metadata)
             return Outcome(json={"path": str(path), "type": "save_weights_for_sampler"})
         m.versions += 1
         served = f"{m.adapter}-v{m.versions}"
@@ -254,6 +279,9 @@ class TinkerService:
     async def sampler_for_path(self, session_id: str, seq: int | None, model_path: str) -> str:
         """A sampler of a named checkpoint (sampler_weights, or a training state's weights exported anew)."""
         where = paths.parse(model_path)
+        await self.on_engines(self._sweep_run, where)
+        if not await self.on_engines(exists, where.location(self.root)):  # deleted or expired (even if still served)
+            raise UserError(f"{model_path}: no checkpoint there ({where.location(self.root)})")
         served = "ckpt-" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
         if served not in self.served:
             if where.kind == "sampler_weights":
@@ -336,34 +364,21 @@ class TinkerService:
             self.learner.drop_adapter(scratch).result()
 
     def _write_run(self, m: TrainingModel) -> None:
-        record = {"training_run_id": m.model_id, "base_model": m.base_model, "model_owner": "aha", "is_lora": True,
-                  "corrupted": False, "lora_rank": m.lora.rank, "user_metadata": m.user_metadata}
-        write_text(paths.join_run(self.root, m.model_id, "run.json"), json.dumps(record))
+        modules = set(m.lora.target_modules)
+        self.records.write_run(m.model_id, {
+            "training_run_id": m.model_id, "base_model": m.base_model, "model_owner": "aha", "is_lora": True,
+            "corrupted": False, "lora_rank": m.lora.rank, "user_metadata": m.user_metadata,
+            "train_attn": bool(modules & set(ATTENTION)), "train_mlp": bool(modules & set(MLP)),
+            "train_unembed": False})
 
-    def _note_checkpoint(self, m: TrainingModel, path: paths.TinkerPath) -> None:
-        index = paths.join_run(self.root, m.model_id, "checkpoints.jsonl")
-        line = json.dumps({"checkpoint_id": path.checkpoint_id, "tinker_path": str(path), "time": now(),
-                           "checkpoint_type": "training" if path.kind == "weights" else "sampler"})
-        previous = read_text(index) if exists(index) else ""
-        write_text(index, previous + line + "\n")
+    def _sweep_run(self, path: paths.TinkerPath) -> None:
+        """Expired checkpoints of `path`'s run deleted first, so an expired one is never loaded."""
+        with contextlib.suppress(KeyError):
+            self.records.checkpoints(path.model_id)
 
     def training_run(self, model_id: str) -> dict[str, Any]:
-        """What `GET training_runs/{id}` answers: the run's record and its last checkpoints (any server's)."""
-        record_path = paths.join_run(self.root, model_id, "run.json")
-        if not exists(record_path):
-            raise KeyError(model_id)
-        record = json.loads(read_text(record_path))
-        checkpoints = self.checkpoints(model_id)
-        last = lambda kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
         m = self.models.get(model_id)
-        return {**record, "last_checkpoint": last("training"), "last_sampler_checkpoint": last("sampler"),
-                "last_request_time": m.last_request_time if m else now()}
-
-    def checkpoints(self, model_id: str) -> list[dict[str, Any]]:
-        index = paths.join_run(self.root, model_id, "checkpoints.jsonl")
-        rows = [json.loads(line) for line in read_text(index).splitlines()] if exists(index) else []
-        latest = {row["checkpoint_id"]: row for row in rows}  # a name saved again: its newest save
-        return list(latest.values())
+        return self.records.training_run(model_id, m.last_request_time if m else None)
 
 
 def vocab_size(config_json: Any) -> int:

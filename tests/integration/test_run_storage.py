@@ -146,3 +146,31 @@ def test_appended_files_send_only_their_new_bytes(tmp_path):
             os.environ[uri.EMULATOR] = previous
         proc.kill()
         proc.wait()
+
+
+def test_tinker_checkpoint_records_on_the_bucket(bucket):
+    """The Tinker service's checkpoint records with the run directory on gs:// (the emulator): a save's size read
+    from the bucket, publish and expiry appended to the log, an expired checkpoint's objects removed by the sweep and
+    a deleted one's by delete, what a later reader sees the same. Fails on the old main: there was no delete or
+    expiry, and the record was rewritten whole on each save (orchestration/service/checkpoints.py did not exist)."""
+    import time
+
+    from orchestration.service.checkpoints import CheckpointRecords
+    from orchestration.service.paths import TinkerPath
+
+    root, run = uri.join(bucket, "runs", "tinker"), "s1:train:0"
+    records = CheckpointRecords(root, min_ttl_s=1)
+    records.write_run(run, {"training_run_id": run, "base_model": "m", "lora_rank": 8})
+    paths = [TinkerPath(run, "weights", "a"), TinkerPath(run, "sampler_weights", "b")]
+    for path in paths:
+        uri.write_bytes(uri.join(path.location(root), "sub", "x.bin"), b"0123456789")
+        uri.write_text(uri.join(path.location(root), "c.json"), "{}")
+    assert uri.file_sizes(paths[0].location(root)) == {"c.json": 2, "sub/x.bin": 10}
+    records.note(paths[0], user_metadata={"k": "v"})
+    records.note(paths[1], ttl_seconds=1)
+    records.set_public(paths[0], True)
+    assert [(r["size_bytes"], r["public"]) for r in records.checkpoints(run)] == [(12, True), (12, False)]
+    time.sleep(1.1)
+    assert records.sweep() == 1 and not uri.exists(paths[1].location(root))
+    records.delete(paths[0])
+    assert uri.file_sizes(paths[0].location(root)) == {} and CheckpointRecords(root, 1).checkpoints(run) == []

@@ -8,8 +8,12 @@ weights or samplers; each sampler serves the version it was made from; mistakes 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +47,9 @@ QUEUE = 16  # api.max_pending_ops of the module's server: the loops below stay u
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    server = start(tmp_path_factory.mktemp("tinker-smol"), f"api.max_pending_ops={QUEUE}")
+    # checkpoints may expire a second after their save, and the server looks for expired ones every second
+    server = start(tmp_path_factory.mktemp("tinker-smol"), f"api.max_pending_ops={QUEUE}", "api.min_checkpoint_ttl_s=1",
+                   "api.checkpoint_sweep_s=1")
     yield server
     stop(server)
 
@@ -170,8 +176,6 @@ def test_target_prompt_logprobs_score_the_named_ids_dense_and_sparse(smol):
 
 def test_sft_lowers_held_out_loss(smol):
     """cross_entropy on a small JSONL of a fixed pattern, held-out rows of the same pattern scored before/after."""
-    import json
-
     rows = [json.loads(line) for line in (ROOT / "examples" / "tinker" / "sft_pairs.jsonl").read_text().splitlines()]
     train, held_out = rows[:-4], rows[-4:]
     training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
@@ -435,3 +439,138 @@ def test_a_saved_state_outlives_its_server(tmp_path):
     assert again == pytest.approx(uninterrupted, rel=1e-6), (uninterrupted, again)
     assert uninterrupted[0] != uninterrupted[1], "vacuous: the steps after the save did not move the loss"
     assert Path(tmp_path / "run" / "tinker").is_dir()
+
+
+def tinker_cli(server, *args: str, cwd: Path | None = None) -> dict:
+    """The SDK's own CLI (`tinker -f json ...`) against `server`, as a user runs it; its JSON output."""
+    env = {**os.environ, "TINKER_BASE_URL": server.base_url, "TINKER_API_KEY": server.api_key}
+    done = subprocess.run([sys.executable, "-m", "tinker.cli", "-f", "json", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"tinker {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout[done.stdout.index("{"):]) if "{" in done.stdout else {}
+
+
+def trained(server, seed: int):
+    """A training client after one forward_backward and optim_step (so its LoRA is not its init)."""
+    training = server.client().create_lora_training_client(base_model=BASE, rank=8, seed=seed).result()
+    tokens = list(range(10, 30))
+    training.forward_backward([datum(tokens, weights=[1.0] * 19)], "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    return training
+
+
+def test_tinker_checkpoint_list_and_download_work_against_the_server(smol, tmp_path):
+    """`tinker checkpoint list` (one run's and the user's) shows a saved state and sampler weights with their
+    metadata and size, and `tinker checkpoint download` of the state (the CLI loads it into a new training client,
+    exports it with save_weights_external, fetches each file from its signed URL, deletes the export) gives the PEFT
+    adapter of exactly those weights. On the old server the listing had no user_metadata or size, and the user
+    listing, save_weights_external and the URLs route answered 404 (both commands: "Resource not found")."""
+    import safetensors.numpy
+
+    training = trained(smol, seed=4)
+    state = training.save_state("ckpt", user_metadata={"step": "1"}).result().path
+    sampler = training.save_weights_for_sampler("same").result().path
+    run_id = types.ParsedCheckpointTinkerPath.from_tinker_path(state).training_run_id
+
+    listed = {c["tinker_path"]: c for c in tinker_cli(smol, "checkpoint", "list", "--run-id", run_id)["checkpoints"]}
+    assert set(listed) == {state, sampler}, listed
+    assert listed[state]["checkpoint_type"] == "training" and listed[sampler]["checkpoint_type"] == "sampler"
+    assert listed[state]["user_metadata"] == {"step": "1"} and listed[state]["size_bytes"] > 0
+    everyone = [c["tinker_path"] for c in tinker_cli(smol, "checkpoint", "list", "--limit", "0")["checkpoints"]]
+    assert state in everyone and sampler in everyone
+
+    out = tinker_cli(smol, "checkpoint", "download", state, "--output", str(tmp_path))
+    folder = Path(out["destination"])
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    got = safetensors.numpy.load_file(str(folder / "adapter_model.safetensors"))
+    want = safetensors.numpy.load_file(str(smol.run_dir / "tinker" / run_id / "sampler_weights" / "same" /
+                                           "adapter_model.safetensors"))
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want), \
+        "the downloaded adapter is not the saved state's weights"
+    assert not list((smol.run_dir / "tinker").glob("*/external_weights/download")), "the CLI's export was kept"
+    everyone = [c["tinker_path"] for c in tinker_cli(smol, "checkpoint", "list", "--limit", "0")["checkpoints"]]
+    assert not [p for p in everyone if "/external_weights/" in p], everyone
+
+
+def test_a_deleted_checkpoint_leaves_the_listing_and_the_run_directory(smol):
+    """delete_checkpoint removes the checkpoint's folder and its record: the listing no longer has it, loading it
+    fails, and a second delete is NotFoundError. The old server answered the delete itself 404."""
+    training = trained(smol, seed=5)
+    path = training.save_state("gone").result().path
+    kept = training.save_state("kept").result().path
+    run_id = types.ParsedCheckpointTinkerPath.from_tinker_path(path).training_run_id
+    folder = smol.run_dir / "tinker" / run_id / "weights" / "gone"
+    assert folder.is_dir()
+    rest = smol.rest()
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert not folder.exists(), "the deleted checkpoint's files are still on the run directory"
+    assert [c.tinker_path for c in rest.list_checkpoints(run_id).result().checkpoints] == [kept]
+    with pytest.raises(tinker.NotFoundError):
+        rest.delete_checkpoint_from_tinker_path(path).result()
+    with pytest.raises(tinker.RequestFailedError, match="no saved state there"):
+        smol.client().create_training_client_from_state(path).result()
+
+
+def test_an_expired_checkpoint_is_deleted_and_ttl_overwrite_and_metadata_are_honoured(smol):
+    """A state saved with ttl_seconds=2 is listed with its expiry and deleted by the server's sweep once it is past
+    it (folder and record, with no request asking); set_checkpoint_ttl gives another one an expiry and removes it
+    again; a TTL under api.min_checkpoint_ttl_s is refused; a name saved again needs overwrite=True, which replaces
+    its user_metadata. The old server dropped ttl_seconds, overwrite and user_metadata and had no TTL route."""
+    training = trained(smol, seed=6)
+    rest = smol.rest()
+    short = training.save_state("short", ttl_seconds=2).result().path
+    run_id = types.ParsedCheckpointTinkerPath.from_tinker_path(short).training_run_id
+    [row] = rest.list_checkpoints(run_id).result().checkpoints
+    assert row.expires_at is not None and 1 < (row.expires_at - row.time).total_seconds() <= 2
+    folder = smol.run_dir / "tinker" / run_id / "weights" / "short"
+    deadline = time.monotonic() + 30
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not folder.exists(), "the expired checkpoint's folder was not deleted by the sweep"
+    assert rest.list_checkpoints(run_id).result().checkpoints == []
+
+    with pytest.raises(tinker.BadRequestError, match="api.min_checkpoint_ttl_s"):
+        training.save_state("never", ttl_seconds=0).result()
+    path = training.save_state("long", user_metadata={"tag": "a"}).result().path
+    rest.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
+    [row] = rest.list_checkpoints(run_id).result().checkpoints
+    assert row.expires_at is not None and 7100 < (row.expires_at - row.time).total_seconds() <= 7300
+    rest.set_checkpoint_ttl_from_tinker_path(path, None).result()
+    assert rest.list_checkpoints(run_id).result().checkpoints[0].expires_at is None
+
+    with pytest.raises(tinker.RequestFailedError, match="overwrite=True"):
+        training.save_state("long").result()
+    training.save_state("long", overwrite=True, user_metadata={"tag": "b"}).result()
+    [row] = rest.list_checkpoints(run_id).result().checkpoints
+    assert row.user_metadata == {"tag": "b"}
+
+
+def test_publish_flag_weights_info_training_runs_and_sessions_round_trip(smol):
+    """publish / unpublish flip the checkpoint's `public` (again is a BadRequestError: the SDK documents a 409, but
+    its own client retries a 409 for minutes); weights_info,
+    get_training_run, list_training_runs, get_session and list_sessions report the run. The old server answered
+    every one of these routes but get_training_run 404."""
+    service = smol.client()
+    training = service.create_lora_training_client(base_model=BASE, rank=8, seed=7, train_mlp=False).result()
+    path = training.save_state("pub").result().path
+    run_id = types.ParsedCheckpointTinkerPath.from_tinker_path(path).training_run_id
+    rest = smol.rest()
+    public = lambda: [c.public for c in rest.list_checkpoints(run_id).result().checkpoints]  # noqa: E731
+    assert public() == [False]
+    rest.publish_checkpoint_from_tinker_path(path).result()
+    assert public() == [True]
+    with pytest.raises(tinker.BadRequestError, match="already public"):
+        rest.publish_checkpoint_from_tinker_path(path).result()
+    rest.unpublish_checkpoint_from_tinker_path(path).result()
+    assert public() == [False]
+
+    info = rest.get_weights_info_by_tinker_path(path).result()
+    assert (info.is_lora, info.lora_rank, info.train_attn, info.train_mlp) == (True, 8, True, False)
+    run = rest.get_training_run(run_id).result()
+    assert run.last_checkpoint.tinker_path == path and run.lora_rank == 8
+    runs = rest.list_training_runs(limit=100).result()
+    assert run_id in [r.training_run_id for r in runs.training_runs] and runs.cursor.total_count >= 1
+    session_id = run_id.split(":")[0]
+    session = rest.get_session(session_id).result()
+    assert run_id in session.training_run_ids
+    assert session_id in rest.list_sessions(limit=1000).result().sessions
