@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from common.peft_adapter import read_adapter, write_adapter
-from common.storage import exists, local_folder, read_text, remove, write_folder
+from common.storage import exists, local_folder, remove, write_folder
 from learner.adapter_api import AdamParams
 from learner.config import LoraConfig
 from learner.handle import LearnerHandle
