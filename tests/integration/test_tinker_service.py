@@ -17,13 +17,14 @@ import pytest
 import tinker
 from tinker import types
 
-from tinker_server import ROOT, start, stop
+from tinker_server import ROOT, probe_tokenizers, start, stop
 
 sys.path.insert(0, str(ROOT / "examples" / "tinker"))
 from rl_countdown import puzzles, rl_step  # noqa: E402  (the docs' example loop, tested as it is shipped)
 
 pytestmark = pytest.mark.integration
-BASE = "smollm2-135m-instruct"
+BASE = "smollm2-135m-instruct"  # the config's alias: accepted as input, never given back
+HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the one name the server gives its model
 ENGINE_GAP = 1e-3  # learner.engine_gap_bound in float32: the same bound `aha train` stops a run at
 
 
@@ -194,12 +195,59 @@ def test_two_clients_train_at_once_and_leave_each_others_weights_and_samplers_al
         "vacuous: b's sampler answers as a's"
 
 
+def test_one_model_name_in_capabilities_get_info_training_runs_and_samplers(smol):
+    """The served model has one name, its Hugging Face id, wherever the server gives one: capabilities, get_info
+    (model_name, model_data.model_name and tokenizer_id), the training run's base_model, every sampler's base model
+    (a version's, a checkpoint path's, a base sampler's); get_info's arch is the model's family. The alias, the local
+    folder and the id itself are all accepted as base_model. Fails on the old main: capabilities, runs and samplers
+    said the alias, get_info the server's local folder (arch, always "llama" there, is checked per family by
+    tests/unit/test_hf_cache.py)."""
+    from common.model_cache import SMOLLM2, model_dir
+
+    rest, service = smol.rest(), smol.client()
+    [listed] = rest.get_server_capabilities().result().supported_models
+    assert listed.model_name == HF_ID, listed
+    for asked in (BASE, HF_ID, str(model_dir(SMOLLM2))):
+        training = service.create_lora_training_client(base_model=asked, rank=8, seed=0).result()
+        info = training.get_info()
+        assert (info.model_name, info.model_data.model_name, info.model_data.tokenizer_id) == (HF_ID,) * 3, info
+        assert info.model_data.arch == "llama", info
+        assert rest.get_training_run(training.model_id).result().base_model == HF_ID
+    version = training.save_weights_and_get_sampling_client()
+    named = service.create_sampling_client(model_path=training.save_weights_for_sampler("named").result().path)
+    base = service.create_sampling_client(base_model=BASE)
+    assert version.get_base_model() == named.get_base_model() == HF_ID
+    for sampler in (version, named, base):
+        assert rest.get_sampler(sampler._sampling_session_id).result().base_model == HF_ID
+
+
+def test_the_sdks_get_tokenizer_loads_the_served_model_with_the_hub_offline(smol, tmp_path):
+    """A client process as on another machine that ran setup (HF_HUB_CACHE at setup's Hub cache, HF_HUB_OFFLINE=1,
+    a scratch HF_HOME and cwd): the SDK's own get_tokenizer() on a training client and on a sampling client made from
+    a checkpoint path loads the served model's tokenizer, by its Hugging Face id, and encodes text as the server's
+    model folder does. Fails on the old main: the sampling client's base model was the alias, which no Hub cache
+    holds (the SDK's from_pretrained fails offline), and the training client's tokenizer_id the server's own folder,
+    which exists on no other machine."""
+    from transformers import AutoTokenizer
+
+    from common.model_cache import SMOLLM2, model_dir
+
+    text = "Paris is the capital of France. <|im_end|>"
+    served = AutoTokenizer.from_pretrained(model_dir(SMOLLM2))
+    out = probe_tokenizers(smol, BASE, text, tmp_path / "client")
+    assert out["info"]["tokenizer_id"] == out["sampler_base_model"] == HF_ID, out
+    for client in ("training", "sampler"):
+        assert out[client]["name_or_path"] == HF_ID, out[client]
+        assert out[client]["ids"] == served.encode(text, add_special_tokens=False), out[client]
+        assert out[client]["eos"] == served.eos_token == "<|im_end|>", out[client]
+
+
 def test_mistakes_come_back_as_the_sdks_errors(smol):
     wrong = tinker.ServiceClient(base_url=smol.base_url, api_key="tml-not-the-key")
     with pytest.raises(tinker.AuthenticationError):
         wrong.create_lora_training_client(base_model=BASE, rank=8).result()
     service = smol.client()
-    with pytest.raises(tinker.BadRequestError, match="trains 'smollm2-135m-instruct'"):
+    with pytest.raises(tinker.BadRequestError, match="trains 'HuggingFaceTB/SmolLM2-135M-Instruct'"):
         service.create_lora_training_client(base_model="meta-llama/Llama-3.1-8B", rank=8).result()
     with pytest.raises(tinker.BadRequestError, match="max_lora_rank"):
         service.create_lora_training_client(base_model=BASE, rank=512).result()
