@@ -213,9 +213,9 @@ def test_one_model_name_in_capabilities_get_info_training_runs_and_samplers(smol
         assert (info.model_name, info.model_data.model_name, info.model_data.tokenizer_id) == (HF_ID,) * 3, info
         assert info.model_data.arch == "llama", info
         assert rest.get_training_run(training.model_id).result().base_model == HF_ID
-    version = training.save_weights_and_get_sampling_client()
-    named = service.create_sampling_client(model_path=training.save_weights_for_sampler("named").result().path)
-    base = service.create_sampling_client(base_model=BASE)
+    version = training.save_weights_and_get_sampling_client().result()
+    named = service.create_sampling_client(model_path=training.save_weights_for_sampler("named").result().path).result()
+    base = service.create_sampling_client(base_model=BASE).result()
     assert version.get_base_model() == named.get_base_model() == HF_ID
     for sampler in (version, named, base):
         assert rest.get_sampler(sampler._sampling_session_id).result().base_model == HF_ID

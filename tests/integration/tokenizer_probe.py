@@ -17,7 +17,7 @@ service = tinker.ServiceClient(base_url=url, api_key=key)
 try:
     training = service.create_lora_training_client(base_model=base_model, rank=8, seed=0).result()
     path = training.save_weights_for_sampler("tokenizer-probe").result().path
-    sampler = service.create_sampling_client(model_path=path)
+    sampler = service.create_sampling_client(model_path=path).result()
     out = {"info": training.get_info().model_data.model_dump(), "sampler_base_model": sampler.get_base_model()}
     for name, client in (("training", training), ("sampler", sampler)):
         tokenizer = client.get_tokenizer()
