@@ -368,3 +368,38 @@ def test_a_saved_state_outlives_its_server(tmp_path):
     assert again == pytest.approx(uninterrupted, rel=1e-6), (uninterrupted, again)
     assert uninterrupted[0] != uninterrupted[1], "vacuous: the steps after the save did not move the loss"
     assert Path(tmp_path / "run" / "tinker").is_dir()
+
+
+def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, tmp_path):
+    """tinker-cookbook 0.5.8's `supervised.train.main`, unmodified (examples/tinker/cookbook_sft.py gives it only the
+    cookbook's own conversation-file dataset), on examples/tinker/sft_conversations.jsonl with 4 conversations held out:
+    4 steps of 4 on this server's model, named as the server names it, its tokenizer loaded by the cookbook from
+    setup's offline Hugging Face cache. It finishes, its SamplerNLLEvaluator scores the test split at steps 0 and 2
+    and the held-out NLL falls, and its final checkpoint is the server's. Fails on the old main: the cookbook's
+    tokenizer by the served name resolved nowhere offline (the server named its model by the alias and a folder)."""
+    import json
+    import os
+    import subprocess
+
+    from tinker_server import client_env
+
+    build = subprocess.run(["bash", "-c", 'source scripts/env_lib.sh && build_env tinker-cookbook'], cwd=ROOT,
+                           capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, f"the cookbook's env did not build:\n{build.stderr[-3000:]}"
+    python = Path(build.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    log = tmp_path / "sft"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env |= client_env(tmp_path / "hf-home") | {"TINKER_BASE_URL": smol.base_url, "TINKER_API_KEY": smol.api_key,
+                                                 "TINKER_TELEMETRY": "0"}
+    run = subprocess.run([str(python), str(ROOT / "examples" / "tinker" / "cookbook_sft.py"), f"model_name={HF_ID}",
+                          f"data_path={ROOT / 'examples' / 'tinker' / 'sft_conversations.jsonl'}", f"log_path={log}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, f"the cookbook's supervised.train failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    nll = [(row["step"], next(v for k, v in row.items() if k.startswith("test/") and k.endswith("/nll")))
+           for row in rows if any(k.startswith("test/") and k.endswith("/nll") for k in row)]
+    print(f"\ncookbook supervised.train: {len(rows)} metric rows; held-out NLL by step {nll}")
+    assert [step for step, _ in nll] == [0, 2], rows
+    assert nll[-1][1] < nll[0][1], f"the held-out NLL did not fall: {nll}"
+    final = [json.loads(line) for line in (log / "checkpoints.jsonl").read_text().splitlines()]
+    assert final and final[-1]["state_path"].startswith("tinker://"), final
