@@ -375,8 +375,9 @@ def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, 
     cookbook's own conversation-file dataset), on examples/tinker/sft_conversations.jsonl with 4 conversations held out:
     4 steps of 4 on this server's model, named as the server names it, its tokenizer loaded by the cookbook from
     setup's offline Hugging Face cache. It finishes, its SamplerNLLEvaluator scores the test split at steps 0 and 2
-    and the held-out NLL falls, and its final checkpoint is the server's. Fails on the old main: the cookbook's
-    tokenizer by the served name resolved nowhere offline (the server named its model by the alias and a folder)."""
+    and the held-out NLL falls, and its final checkpoint is the server's. Fails on the old main: it refused the
+    model's Hugging Face id as base_model, and the alias or folder it did take resolves to no tokenizer on a client
+    elsewhere."""
     import json
     import os
     import subprocess
