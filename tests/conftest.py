@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from common.hf_cache import hub_dir
 from common.model_cache import SMOLLM2, TINY, model_dir
 from rollout.config import default_engine_python
 
@@ -100,6 +101,10 @@ def pytest_collection_modifyitems(config, items) -> None:
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The tests are Tinker clients on a machine that ran setup: the SDK's get_tokenizer() loads a served model's
+# tokenizer by its Hugging Face id from the Hub cache setup laid out (docs/tinker.md, "One model name"). Set before
+# anything imports huggingface_hub, which reads it once.
+os.environ.setdefault("HF_HUB_CACHE", str(hub_dir()))
 # gcsfs reads this once, at import: its zonal-bucket probes speak gRPC, which the tests' GCS emulator does not.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 

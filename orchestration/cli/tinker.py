@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(error_report(err, "tinker"), file=sys.stderr)
         return 2
+    from orchestration.service.model_name import served_model
+
+    try:  # before anything starts: a model without a Hugging Face id is refused in a second, not after the cluster
+        name = served_model(cfg.model, cfg.rollout.backend.served_model_name).name
+    except ValueError as err:
+        print(f"tinker: {err}", file=sys.stderr)
+        return 2
     api_key = args.api_key or "tml-" + secrets.token_urlsafe(24)
     if not api_key.startswith("tml-"):
         print("tinker: --api-key must start with 'tml-' (the SDK refuses any other key)", file=sys.stderr)
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
               "--port 0 for any free one", file=sys.stderr)
         return 2
     try:
-        return serve(cfg, run_dir, listener, api_key)
+        return serve(cfg, run_dir, listener, api_key, name)
     except KeyboardInterrupt as exc:
         exc = signals.interrupted(exc)
         print(f"tinker: stopped (interrupted by {exc.name}); engines and learner are shut down", file=sys.stderr)
@@ -96,10 +103,11 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg, run_dir, listener: socket.socket, api_key: str) -> int:
-    """Start the parts, serve on `listener` until interrupted, stop the parts."""
+def serve(cfg, run_dir, listener: socket.socket, api_key: str, name: str) -> int:
+    """Start the parts, serve on `listener` until interrupted, stop the parts (`name`: the model's served name)."""
     from aiohttp import web
 
+    from common.hf_cache import hub_dir
     from orchestration.cluster import launch
     from orchestration.service.app import TinkerApp
     from orchestration.service.training import TinkerService
@@ -127,7 +135,8 @@ def serve(cfg, run_dir, listener: socket.socket, api_key: str) -> int:
             info.write_text(json.dumps({"base_url": url, "api_key": api_key, "pid": os.getpid()}))
             info.chmod(0o600)
             print(f"\nTinker API ready: TINKER_BASE_URL={url} TINKER_API_KEY={api_key}\n"
-                  f"  base model {cfg.model.path}; checkpoints under {run_dir}; Ctrl-C stops it", flush=True)
+                  f"  base model {name} ({cfg.model.path}); checkpoints under {run_dir}; Ctrl-C stops it\n"
+                  f"  a client loads its tokenizer with HF_HUB_CACHE={hub_dir()} HF_HUB_OFFLINE=1", flush=True)
             try:
                 while True:
                     await asyncio.sleep(3600)

@@ -17,6 +17,7 @@ from learner.config import LearnerConfig
 from tasks import DataConfig
 from tasks.environments.config import EnvironmentConfig
 from orchestration.config.parallelism import check_engine_chips, check_learner_chips
+from common.hf_cache import hf_id_of
 from common.model_cache import model_dir
 from rewards.config import RewardsConfig
 from rollout.capabilities import check_lora_env, check_platform_resources, check_sampling, engine_caps, logprobs_mode
@@ -31,6 +32,10 @@ class ModelConfig(Strict):
     path: str = "smollm2-135m-instruct"
     """HF folder of the base model, or the name of a model made by `orchestration.cli.prepare_model`
     (`smollm2-135m-instruct`, `tiny-llama`), looked up under $AHA_CACHE/models."""
+    hf_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """The model's Hugging Face id (ORG/NAME): the name `aha tinker` serves it by and its clients load the tokenizer
+    by. None: the folder says it (the `hf_id.txt` setup writes into the models it prepares, or the folder's place in
+    a Hugging Face cache); set it for a folder that says neither (docs/tinker.md, "One model name")."""
 
     @property
     def resolved_path(self) -> Path:
@@ -48,6 +53,11 @@ class ModelConfig(Strict):
             if path.exists():
                 return path
         return None
+
+    @property
+    def resolved_hf_id(self) -> str | None:
+        """`hf_id`, else the one its folder says; None if neither."""
+        return self.hf_id or hf_id_of(self.resolved_path)
 
 
 class DynamicSamplingConfig(Strict):

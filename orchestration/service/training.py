@@ -44,6 +44,7 @@ from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
 from orchestration.service.checkpoints import CheckpointRecords, SaveOptions
 from orchestration.service.futures import Outcome, Sequencer, UserError
+from orchestration.service.model_name import served_model
 from orchestration.service.sampling import LogprobAsk, answer, logprob_ask, sampling_params, target_params
 from orchestration.service.served import ServedAdapters
 from rollout.protocol import RolloutHandle
@@ -98,7 +99,7 @@ class TinkerService:
     def __init__(self, cfg: ServiceConfig, learner: LearnerHandle, rollout: RolloutHandle, root: str):
         self.cfg, self.learner, self.rollout, self.root = cfg, learner, rollout, root
         self.records = CheckpointRecords(root, cfg.api.min_checkpoint_ttl_s)
-        self.base_names = {cfg.model.path, str(cfg.model.resolved_path), cfg.rollout.backend.served_model_name}
+        self.served_model = served_model(cfg.model, cfg.rollout.backend.served_model_name)
         self.vocab_size = vocab_size(cfg.model.config_json)
         self.sessions: dict[str, dict[str, int]] = {}
         self.models: dict[str, TrainingModel] = {}
@@ -134,15 +135,14 @@ class TinkerService:
 
     def capabilities(self) -> dict[str, Any]:
         """The models served, and (a key the SDK ignores) where the learner and the engines run."""
-        return {"supported_models": [{"model_name": self.cfg.model.path, "max_context_length":
+        return {"supported_models": [{"model_name": self.served_model.name, "max_context_length":
                                       self.cfg.rollout.backend.max_model_len, "trainable": True, "sampleable": True}],
                 "placement": self.placement}
 
     def check_base(self, base_model: str | None) -> str:
-        if base_model is not None and base_model not in self.base_names:
-            raise UserError(f"base_model {base_model!r}: this server trains {self.cfg.model.path!r} (model.path of "
-                            "its config) only; start `aha tinker` with another config for another model")
-        return self.cfg.model.path
+        """The served name (the model's Hugging Face id) for a client's base_model: that id, the config's
+        model.path or its folder; another model is a one-line error."""
+        return self.served_model.check(base_model)
 
     def model(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
@@ -152,9 +152,8 @@ class TinkerService:
 
     def get_info(self, model_id: str) -> dict[str, Any]:
         m = self.model(model_id)
-        path = str(self.cfg.model.resolved_path)  # the tokenizer loads from it, offline
         return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": m.lora.rank,
-                "model_name": path, "model_data": {"arch": "llama", "model_name": path, "tokenizer_id": path}}
+                "model_name": self.served_model.name, "model_data": self.served_model.model_data()}
 
     # ---- training clients ---------------------------------------------------------------------------------------
     def new_model(self, session_id: str, seq: int, base_model: str | None, lora: dict[str, Any] | None,
@@ -289,7 +288,7 @@ class TinkerService:
             else:  # a training state: its LoRA, through a scratch adapter on the learner
                 source = lambda: self.on_learner(self._weights_as_peft, where, served)  # noqa: E731
             await self.served.add(served, await source(), source)
-        return self.new_sampler(session_id, seq, served, self.cfg.model.path, model_path)
+        return self.new_sampler(session_id, seq, served, self.served_model.name, model_path)
 
     def sampler(self, sampler_id: str) -> Sampler:
         if sampler_id not in self.samplers:

@@ -27,6 +27,7 @@ from tests.integration.multinode import RAY_HEALTH_CHECK, MultiNodeCluster, requ
 from test_train_e2e import TINY as E2E_TINY  # the demo config shrunk to the tiny model
 import route_walk
 from route_walk import open_routes
+from tinker_server import client_env, probe_argv
 
 pytestmark = pytest.mark.integration
 
@@ -290,8 +291,9 @@ def test_resume_with_the_learner_on_another_node_restores_the_weights(cluster, l
 
 def test_tinker_service_with_its_parts_on_other_nodes(cluster):
     """`aha tinker` as a Ray job: its driver on the head, the learner on b, its engine on c or d, checkpoints on the
-    bucket; the official SDK, from outside the cluster, trains, samples and saves through it. Its engine, walked from
-    node b, refuses every route without the service's engine key (the key on no command line)."""
+    bucket; the official SDK, from outside the cluster, trains, samples and saves through it, and from node b gets
+    its tokenizer by the served name with the Hub offline. Its engine, walked from node b, refuses every route
+    without the service's engine key (the key on no command line)."""
     import re
     import time
 
@@ -346,6 +348,16 @@ def test_tinker_service_with_its_parts_on_other_nodes(cluster):
         path = training.save_state("one").result().path
         model_id = path.removeprefix("tinker://").split("/")[0]
         assert "one" in uri.list_names(uri.join(run, "tinker", model_id, "weights")), "the state is not on the bucket"
+        # A client in another network namespace (node b), the Hub offline, setup's Hugging Face cache its only one:
+        # the SDK's get_tokenizer() of a training client and of a sampler made from a checkpoint path load the served
+        # model's tokenizer by its served name (on main at 50ebc49 the sampler's name was the alias, which resolves
+        # nowhere).
+        probe = cluster.run_on("b", probe_argv(url, key, "tiny-llama", "Hello world"), timeout_s=300,
+                               **client_env(Path("/tmp/hf-home")))  # node b's own /tmp
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        names = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert names["info"]["tokenizer_id"] == names["sampler_base_model"] == "aha-tiny/tiny-llama", names
+        assert names["training"] == names["sampler"] and names["sampler"]["name_or_path"] == "aha-tiny/tiny-llama", names
         service.close("success").result(timeout=30)  # its session's heartbeat thread ends with it
     finally:
         stopped = cluster.stop_job(found.group(0))

@@ -21,13 +21,14 @@ import pytest
 import tinker
 from tinker import types
 
-from tinker_server import ROOT, start, stop
+from tinker_server import ROOT, probe_tokenizers, start, stop
 
 sys.path.insert(0, str(ROOT / "examples" / "tinker"))
 from rl_countdown import puzzles, rl_step  # noqa: E402  (the docs' example loop, tested as it is shipped)
 
 pytestmark = pytest.mark.integration
-BASE = "smollm2-135m-instruct"
+BASE = "smollm2-135m-instruct"  # the config's alias: accepted as input, never given back
+HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the one name the server gives its model
 ENGINE_GAP = 1e-3  # learner.engine_gap_bound in float32: the same bound `aha train` stops a run at
 # vLLM-CPU moves a logprob by ~1e-6 between identical requests (with the state of its prefix cache): two answers
 # within SAME are one version's; two versions must differ by more than APART, 100 times SAME, to count as two.
@@ -313,12 +314,59 @@ def test_two_clients_train_at_once_and_leave_each_others_weights_and_samplers_al
     assert max_gap(b_scores, a_scores) > APART, "vacuous: b's sampler scores a text as a's does"
 
 
+def test_one_model_name_in_capabilities_get_info_training_runs_and_samplers(smol):
+    """The served model has one name, its Hugging Face id, wherever the server gives one: capabilities, get_info
+    (model_name, model_data.model_name and tokenizer_id), the training run's base_model, every sampler's base model
+    (a version's, a checkpoint path's, a base sampler's); get_info's arch is the model's family. The alias, the local
+    folder and the id itself are all accepted as base_model. Fails on the old main: capabilities, runs and samplers
+    said the alias, get_info the server's local folder (arch, always "llama" there, is checked per family by
+    tests/unit/test_hf_cache.py)."""
+    from common.model_cache import SMOLLM2, model_dir
+
+    rest, service = smol.rest(), smol.client()
+    [listed] = rest.get_server_capabilities().result().supported_models
+    assert listed.model_name == HF_ID, listed
+    for asked in (BASE, HF_ID, str(model_dir(SMOLLM2))):
+        training = service.create_lora_training_client(base_model=asked, rank=8, seed=0).result()
+        info = training.get_info()
+        assert (info.model_name, info.model_data.model_name, info.model_data.tokenizer_id) == (HF_ID,) * 3, info
+        assert info.model_data.arch == "llama", info
+        assert rest.get_training_run(training.model_id).result().base_model == HF_ID
+    version = training.save_weights_and_get_sampling_client().result()
+    named = service.create_sampling_client(model_path=training.save_weights_for_sampler("named").result().path).result()
+    base = service.create_sampling_client(base_model=BASE).result()
+    assert version.get_base_model() == named.get_base_model() == HF_ID
+    for sampler in (version, named, base):
+        assert rest.get_sampler(sampler._sampling_session_id).result().base_model == HF_ID
+
+
+def test_the_sdks_get_tokenizer_loads_the_served_model_with_the_hub_offline(smol, tmp_path):
+    """A client process as on another machine that ran setup (HF_HUB_CACHE at setup's Hub cache, HF_HUB_OFFLINE=1,
+    a scratch HF_HOME and cwd): the SDK's own get_tokenizer() on a training client and on a sampling client made from
+    a checkpoint path loads the served model's tokenizer, by its Hugging Face id, and encodes text as the server's
+    model folder does. Fails on the old main: the sampling client's base model was the alias, which no Hub cache
+    holds (the SDK's from_pretrained fails offline), and the training client's tokenizer_id the server's own folder,
+    which exists on no other machine."""
+    from transformers import AutoTokenizer
+
+    from common.model_cache import SMOLLM2, model_dir
+
+    text = "Paris is the capital of France. <|im_end|>"
+    served = AutoTokenizer.from_pretrained(model_dir(SMOLLM2))
+    out = probe_tokenizers(smol, BASE, text, tmp_path / "client")
+    assert out["info"]["tokenizer_id"] == out["sampler_base_model"] == HF_ID, out
+    for client in ("training", "sampler"):
+        assert out[client]["name_or_path"] == HF_ID, out[client]
+        assert out[client]["ids"] == served.encode(text, add_special_tokens=False), out[client]
+        assert out[client]["eos"] == served.eos_token == "<|im_end|>", out[client]
+
+
 def test_mistakes_come_back_as_the_sdks_errors(smol):
     wrong = tinker.ServiceClient(base_url=smol.base_url, api_key="tml-not-the-key")
     with pytest.raises(tinker.AuthenticationError):
         wrong.create_lora_training_client(base_model=BASE, rank=8).result()
     service = smol.client()
-    with pytest.raises(tinker.BadRequestError, match="trains 'smollm2-135m-instruct'"):
+    with pytest.raises(tinker.BadRequestError, match="trains 'HuggingFaceTB/SmolLM2-135M-Instruct'"):
         service.create_lora_training_client(base_model="meta-llama/Llama-3.1-8B", rank=8).result()
     with pytest.raises(tinker.BadRequestError, match="max_lora_rank"):
         service.create_lora_training_client(base_model=BASE, rank=512).result()
@@ -574,3 +622,39 @@ def test_publish_flag_weights_info_training_runs_and_sessions_round_trip(smol):
     session = rest.get_session(session_id).result()
     assert run_id in session.training_run_ids
     assert session_id in rest.list_sessions(limit=1000).result().sessions
+
+
+def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, tmp_path):
+    """tinker-cookbook 0.5.8's `supervised.train.main`, unmodified (examples/tinker/cookbook_sft.py gives it only the
+    cookbook's own conversation-file dataset), on examples/tinker/sft_conversations.jsonl with 4 conversations held out:
+    4 steps of 4 on this server's model, named as the server names it, its tokenizer loaded by the cookbook from
+    setup's offline Hugging Face cache. It finishes, its SamplerNLLEvaluator scores the test split at steps 0 and 2
+    and the held-out NLL falls, and its final checkpoint is the server's. Fails on the old main: it refused the
+    model's Hugging Face id as base_model, and the alias or folder it did take resolves to no tokenizer on a client
+    elsewhere."""
+    import json
+    import os
+    import subprocess
+
+    from tinker_server import client_env
+
+    build = subprocess.run(["bash", "-c", 'source scripts/env_lib.sh && build_env tinker-cookbook'], cwd=ROOT,
+                           capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, f"the cookbook's env did not build:\n{build.stderr[-3000:]}"
+    python = Path(build.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    log = tmp_path / "sft"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env |= client_env(tmp_path / "hf-home") | {"TINKER_BASE_URL": smol.base_url, "TINKER_API_KEY": smol.api_key,
+                                                 "TINKER_TELEMETRY": "0"}
+    run = subprocess.run([str(python), str(ROOT / "examples" / "tinker" / "cookbook_sft.py"), f"model_name={HF_ID}",
+                          f"data_path={ROOT / 'examples' / 'tinker' / 'sft_conversations.jsonl'}", f"log_path={log}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, f"the cookbook's supervised.train failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    nll = [(row["step"], next(v for k, v in row.items() if k.startswith("test/") and k.endswith("/nll")))
+           for row in rows if any(k.startswith("test/") and k.endswith("/nll") for k in row)]
+    print(f"\ncookbook supervised.train: {len(rows)} metric rows; held-out NLL by step {nll}")
+    assert [step for step, _ in nll] == [0, 2], rows
+    assert nll[-1][1] < nll[0][1], f"the held-out NLL did not fall: {nll}"
+    final = [json.loads(line) for line in (log / "checkpoints.jsonl").read_text().splitlines()]
+    assert final and final[-1]["state_path"].startswith("tinker://"), final

@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "tinker_smollm2_cpu.yaml"
 START_S = 600
+PROBE = Path(__file__).with_name("tokenizer_probe.py")
 
 
 @dataclass
@@ -79,3 +80,27 @@ def stop(server: Server, sig: int = signal.SIGTERM, timeout_s: float = 120) -> N
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait(timeout=30)
+
+
+def client_env(hf_home: Path) -> dict[str, str]:
+    """What a client on another machine that ran setup sets to load a served model's tokenizer (docs/tinker.md):
+    the Hub cache setup laid out, the Hub offline; HF_HOME a scratch folder, so nothing else of this machine's is
+    read."""
+    from common.hf_cache import hub_dir
+
+    return {"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hub_dir()), "HF_HUB_OFFLINE": "1"}
+
+
+def probe_argv(url: str, api_key: str, base_model: str, text: str) -> list[str]:
+    """tokenizer_probe.py's command, the script as source (another node's mounts may differ)."""
+    return [sys.executable, "-c", PROBE.read_text(), url, api_key, base_model, text]
+
+
+def probe_tokenizers(server: Server, base_model: str, text: str, cwd: Path) -> dict:
+    """tokenizer_probe.py's answer from a process in `cwd` with only client_env's Hugging Face settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS"))}
+    cwd.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(probe_argv(server.base_url, server.api_key, base_model, text), cwd=cwd, capture_output=True,
+                         text=True, timeout=300, env=env | client_env(cwd / "hf-home"))
+    assert out.returncode == 0, f"the SDK client failed (exit {out.returncode}):\n{out.stderr[-3000:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
