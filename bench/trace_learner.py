@@ -57,16 +57,18 @@ def main() -> None:
     from learner.batch import pack
     from learner.config import LearnerConfig
     from learner.learner import Learner
-    from learner.loss import grpo_advantages, token_weights
+    from learner.loss import token_weights
     from learner.model import forward_hidden, read_hf_config
     from common.model_cache import model_dir
+    from orchestration.update import plan_update
 
     path = model_dir(args.model)
     hf = read_hf_config(path)
     settings = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
     learner = Learner(LearnerConfig.model_validate({"grpo": {"micro_batch_size": args.samples}, **settings}), path)
-    batch = make_batch(hf["vocab_size"], 1, args.samples, args.prompt_len, args.completion_len)
-    packed = pack(batch, grpo_advantages(batch.rewards, batch.group_ids, True), learner.cfg.seq_bucket)
+    scored = make_batch(hf["vocab_size"], 1, args.samples, args.prompt_len, args.completion_len)
+    batch = plan_update(learner.cfg.grpo, scored).minis[0]  # the samples with their advantages, as the loop sends them
+    packed = pack(batch, learner.cfg.seq_bucket)
     learner._layout = learner._share_layout(packed, args.samples)
     rows = slice(0, args.samples)
     mb = learner._put(packed, rows, token_weights(packed.loss_mask[rows], "token-mean", 1024))

@@ -43,6 +43,9 @@ class ScoredSamples:
     sampling: SamplingTransform = SamplingTransform()
     completion_mask: list[list[int]] | None = None
 
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
     def with_advantages(self, advantages: np.ndarray) -> TrainBatch:
         return TrainBatch(self.prompt_ids, self.completion_ids, self.engine_logprobs, advantages, self.group_ids,
                           self.sampling, self.completion_mask)
