@@ -182,4 +182,5 @@ def completion_values(packed: PackedBatch, values: np.ndarray, batch: TrainBatch
 
 def slice_rows(packed: PackedBatch, rows: np.ndarray | slice) -> PackedBatch:
     """The same arrays restricted to some rows (a mini- or micro-batch)."""
-    return PackedBatch(*(None if (v := getattr(packed, f)) is None else v[rows] for f in PackedBatch.__dataclass_fields__))
+    return PackedBatch(*(None if (v := getattr(packed, f)) is None else v[rows]
+                         for f in PackedBatch.__dataclass_fields__))

@@ -6,8 +6,8 @@ conversation JSONL with a held-out test split, against `aha tinker`.
         data_path=examples/tinker/sft_conversations.jsonl log_path=runs/cookbook-sft
 
 (PYTHON_OF_THE_COOKBOOK_ENV: what `bash scripts/tinker_cookbook.sh` builds; tests/integration/test_tinker_service.py
-runs this against its server.) What is ours is only the choice of the cookbook's own conversation-file dataset (`FromConversationFileBuilder`, {"messages": [...]} per line,
-`test_size` rows held out, scored by the cookbook's `SamplerNLLEvaluator` every `eval_every` steps); the batching,
+runs this against its server.) What is ours is only the choice of the cookbook's own conversation-file dataset
+(`FromConversationFileBuilder`, {"messages": [...]} per line, `test_size` rows held out, scored by the cookbook's `SamplerNLLEvaluator` every `eval_every` steps); the batching,
 the renderer, the loss (cross_entropy), the learning-rate schedule, the evaluator and the checkpoints are the
 cookbook's. The model is named by the server's name for it, whose tokenizer the cookbook loads from setup's offline
 Hugging Face cache (docs/tinker.md, "One model name").

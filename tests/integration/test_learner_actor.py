@@ -33,7 +33,8 @@ def test_actor_steps_on_its_slice_and_ships_tensors(local_ray, tiny_model_dir):
     actor = start_learner_actor(cfg, tiny_model_dir, actor_options={"num_cpus": 1, "runtime_env": env})
     assert ray.get(actor.devices.remote(), timeout=300) == ["cpu:2", "cpu:3"]
     learner = LearnerHandle(actor)
-    metrics = {**learner.forward_backward(plan_update(cfg.grpo, toy_batch(0)).minis[0], "grpo").result(), **learner.optim_step().result()}
+    batch = plan_update(cfg.grpo, toy_batch(0)).minis[0]
+    metrics = {**learner.forward_backward(batch, "grpo").result(), **learner.optim_step().result()}
     assert np.isfinite(metrics["learner/loss"]) and metrics["learner/grad_norm"] > 0
     tensors, config = ray.get(actor.call.remote("save_for_sampler"), timeout=60)
     assert config["r"] == 16 and len(tensors) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
