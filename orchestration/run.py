@@ -214,7 +214,7 @@ def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
     environment = run_environment(cfg)  # a user's environment that cannot be imported fails here, in seconds
     prompts = run_rows(cfg, environment, "train")  # a data config error (DataError) too: in seconds, not minutes
     rewards = run_rewards(cfg)  # a reward by import path that does not import, too
-    state = None
+    state = stopped_at = None  # stopped_at: where the loop was when it stopped (before saving moved it to "save")
     try:
         with started_parts(cfg, run_dir, (environment, prompts, rewards), verbose) as (parts, step, extra):
             fault.parts = parts
@@ -228,9 +228,11 @@ def run(cfg: RunConfig, run_dir: RunDir, verbose: bool = True) -> None:
                 raise  # a mismatch: its update was made against another model than the engine's, keep nothing;
                 # a dead learner: nothing can save
             except BaseException:  # an interrupt (a signal taken inside a Ray call is a plain KeyboardInterrupt) or
-                save_on_stop(parts, state)  # a failure: the last finished step is saved while the parts still run
+                stopped_at = state.where  # a failure: the last finished step is saved while the parts still run
+                save_on_stop(parts, state)
                 raise
     except (KeyboardInterrupt, LearnerDied) as caught:
         exc = signals.interrupted(caught) if isinstance(caught, KeyboardInterrupt) else caught
-        log.error("%s", stop_line(exc, state.where if state is not None else None, state, run_dir))
+        where = stopped_at or (state.where if state is not None else None)
+        log.error("%s", stop_line(exc, where, state, run_dir))
         raise exc from None
