@@ -57,7 +57,7 @@ def main() -> None:
     from learner.batch import pack
     from learner.config import LearnerConfig
     from learner.learner import Learner
-    from learner.loss import token_weights
+    from learner.loss import LossOptions, token_weights
     from learner.model import forward_hidden, read_hf_config
     from common.model_cache import model_dir
     from orchestration.update import plan_update
@@ -74,7 +74,7 @@ def main() -> None:
     mb = learner._put(packed, rows, token_weights(packed.loss_mask[rows], "token-mean", 1024))
 
     if args.what == "ours":
-        fn = ts.make_accumulate_fn(learner._parts, batch.sampling, learner._opts, False, False,
+        fn = ts.make_accumulate_fn(learner._parts, batch.sampling, LossOptions.of(learner.cfg.grpo), False, False,
                                    learner.cfg.logprob_chunk)
         # A fresh accumulator per call: the step donates it.
         make_args = lambda: (learner.params, learner._parts.base, jax.tree.map(jnp.zeros_like, learner.params), mb,

@@ -77,7 +77,6 @@ class Learner:
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
-        self._opts = LossOptions.of(cfg.grpo)
         batch_axis = "fsdp" if self.mesh.shape["fsdp"] > 1 else None
         self._data_parallel = self.mesh.shape["fsdp"]
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec(batch_axis))
