@@ -206,6 +206,9 @@ class LearnerConfig(Strict):
     """Run each distinct prompt of a micro-batch through the decoder once, not once per sample
     (learner/shared_prompts.py): a group's samples share it. Equal to the plain forward up to float rounding;
     off = every row runs prompt + completion."""
+    tenant_slots: int = Field(4, ge=1)
+    """Adapters one pass of several tenants' datums stacks (learner/tenant_stack.py): its program is keyed by this,
+    not by how many of them are filled, so a pass of fewer tenants compiles nothing new; more take more slots."""
     remat: bool = False
     """Recompute each decoder layer in the backward pass (less memory, ~30% more compute)."""
     cpu_cores: tuple[int, ...] | None = None

@@ -48,7 +48,8 @@ from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
 from learner.token_batch import TokenBatch
-from learner.token_step import token_forward_backward
+from learner.tenant_stack import pass_rank, stack, stackable, stacked_parts
+from learner.token_step import tenant_forward_backward, token_forward_backward
 from common.peft_adapter import write_adapter
 from common.storage import write_folder
 
@@ -74,6 +75,7 @@ class Learner:
         self._layout: Layout | None = None  # this step's prompt-sharing block sizes (None: plain rows)
         self._floor = ShapeFloor()  # the largest GRPO step shapes so far (learner.pad_to_largest)
         self._token_floor = ShapeFloor()  # the same for the token losses (the Tinker API's forward_backward)
+        self._stacks: dict[tuple, tuple] = {}  # (rank, targets) -> the stacked graph of tenant passes, its programs
         self._logits_fn = None
         self._rng = np.random.default_rng(cfg.seed)
         self._checkpointer = Checkpointer(checkpoint_dir, cfg.checkpoint_keep) if checkpoint_dir else None
@@ -168,10 +170,53 @@ class Learner:
                forward_only: bool) -> dict[str, Any]:
         if not isinstance(batch, TokenBatch):
             raise ValueError(f"loss {loss!r} reads a TokenBatch (per-token inputs), not a {type(batch).__name__}")
+        if batch.adapters:
+            return self._tenants(batch, loss, config, forward_only)
         out, self._layout = token_forward_backward(self.cfg, self._adapter(adapter), batch, loss, config,
                                                    forward_only, self._batch_sharding, self._share_layout,
                                                    self._token_floor)
         return out
+
+    def _tenants(self, batch: TokenBatch, loss: str, config: dict[str, float] | None,
+                 forward_only: bool) -> dict[str, Any]:
+        """A pass over several adapters' datums (`batch.adapters`), each row through its own adapter: {"loss": the
+        summed loss, "adapter_loss": per adapter the sum of its datums', "logprobs": per datum}. A lone adapter, or
+        adapters whose LoRA the per-row update cannot stack (Gemma 3's attention einsums), run one pass each."""
+        names = tuple(dict.fromkeys(batch.adapters))
+        adapters = [self._adapter(n) for n in names]
+        # One adapter: its own program, which shares prompts across rows (a stacked pass does not yet).
+        if len(names) == 1 or not all(stackable(a) for a in adapters):
+            return self._tenants_apart(batch, names, loss, config, forward_only)
+        rank = pass_rank([a.lora for a in adapters])
+        targets = tuple(sorted(set().union(*(a.lora.target_modules for a in adapters))))
+        slots = 1 << (max(self.cfg.tenant_slots, len(names)) - 1).bit_length()
+        if (rank, targets) not in self._stacks:
+            self._stacks[rank, targets] = (stacked_parts(self._base_graph, self._parts, rank, targets, self.mesh), {})
+        parts, fns = self._stacks[rank, targets]
+        stacked = stack(names, adapters, parts, slots)
+        out = tenant_forward_backward(self.cfg, adapters, stacked, fns, batch, loss, config, forward_only,
+                                      self._batch_sharding, self._token_floor)
+        per_adapter = dict.fromkeys(names, 0.0)
+        for name, value in zip(batch.adapters, out["loss"]):
+            per_adapter[name] += value
+        log.info("pass of %d adapters (%s), rank %d in %d slots, %d datums%s", len(names), ", ".join(names), rank,
+                 slots, len(batch), f", compiled {out['compile_s']:.1f} s" if out["compile_s"] > 0.5 else "")
+        return {"loss": float(sum(out["loss"])), "adapter_loss": per_adapter, "logprobs": out["logprobs"],
+                "compile_s": out["compile_s"]}
+
+    def _tenants_apart(self, batch: TokenBatch, names: tuple[str, ...], loss: str, config: dict[str, float] | None,
+                       forward_only: bool) -> dict[str, Any]:
+        per_adapter: dict[str, float] = {}
+        logprobs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(batch)
+        for name in names:
+            rows = [i for i, a in enumerate(batch.adapters) if a == name]
+            part = TokenBatch([batch.tokens[i] for i in rows], [batch.targets[i] for i in rows],
+                              [batch.inputs[i] for i in rows] if batch.inputs else [])
+            out = self._token(part, loss, name, config, forward_only)
+            for i, logp in zip(rows, out["logprobs"]):
+                logprobs[i] = logp
+            per_adapter[name] = out["loss"]
+        return {"loss": float(sum(per_adapter.values())), "adapter_loss": per_adapter, "logprobs": logprobs}
 
     @staticmethod
     def _check_grpo(batch: Any, adapter: str) -> None:

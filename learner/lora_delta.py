@@ -26,6 +26,7 @@ import jax
 from qwix._src.providers import lora as qwix_lora
 
 from common.pins import PINS, require_pinned
+from learner import lora_rows
 
 _QWIX_DELTA = qwix_lora._compute_lora_delta
 _QWIX_PARAMS = ("lhs", "lora_a", "lora_b", "lhs_ca", "lhs_ba", "contract_shape", "batch_shape", "remain_shape",
@@ -61,7 +62,12 @@ def lora_delta(lhs: jax.Array, lora_a: jax.Array, lora_b: jax.Array, lhs_ca: Seq
                contract_shape: tuple, batch_shape: tuple, remain_shape: tuple, rank: int,
                precision=None) -> jax.Array:
     """Qwix's `_compute_lora_delta`, through `_delta` for a Linear's layout (the lhs's last axis contracted into one
-    output axis, no batch axes); any other layout through Qwix's own."""
+    output axis, no batch axes); any other layout through Qwix's own. Stacked leaves (A 3-D: a tenant pass, several
+    adapters in one batch) go through learner/lora_rows.py, each row with its own adapter."""
+    linear = not tuple(lhs_ba) and tuple(lhs_ca) == (lhs.ndim - 1,) and len(remain_shape) == 1 and precision is None
+    if lora_a.ndim == 3 and linear:
+        rows = lora_rows.current()
+        return lora_rows.delta_rows(lhs, lora_a, lora_b, rows.index, rows.scale)
     if tuple(lhs_ba) or tuple(lhs_ca) != (lhs.ndim - 1,) or len(remain_shape) != 1 or precision is not None:
         return _QWIX_DELTA(lhs, lora_a, lora_b, lhs_ca, lhs_ba, contract_shape, batch_shape, remain_shape, rank,
                            precision=precision)
@@ -71,6 +77,7 @@ def lora_delta(lhs: jax.Array, lora_a: jax.Array, lora_b: jax.Array, lhs_ca: Seq
 def install() -> None:
     """Route Qwix's LoRA update through `lora_delta`; idempotent. Another Qwix, or a changed function, is an error."""
     require_pinned("qwix", "learner/lora_delta.py")
+    lora_rows.install()
     current = qwix_lora._compute_lora_delta
     if current is lora_delta:
         return

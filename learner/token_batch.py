@@ -25,11 +25,16 @@ class TokenBatch:
     targets: list[list[int]]
     inputs: list[dict[str, np.ndarray]] = field(default_factory=list)
     """Per datum, the loss's float inputs by name (`weights`, `logprobs`, `advantages`, ...), each [N]."""
+    adapters: tuple[str, ...] = ()
+    """Per datum, the adapter it trains: several tenants' datums in one pass (learner/tenant_stack.py); empty: all
+    the call's adapter."""
 
     def __post_init__(self) -> None:
         if len(self.targets) != len(self.tokens) or (self.inputs and len(self.inputs) != len(self.tokens)):
             raise ValueError(f"TokenBatch: {len(self.tokens)} inputs, {len(self.targets)} target lists and "
                              f"{len(self.inputs)} loss-input dicts; give one of each per datum")
+        if self.adapters and len(self.adapters) != len(self.tokens):
+            raise ValueError(f"TokenBatch: {len(self.adapters)} adapter names for {len(self.tokens)} datums")
         for i, (x, y) in enumerate(zip(self.tokens, self.targets)):
             if not x or len(x) != len(y):
                 raise ValueError(f"datum {i}: {len(x)} input tokens but {len(y)} target_tokens; each input position "

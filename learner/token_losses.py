@@ -77,22 +77,31 @@ def loss_config(name: str, given: Mapping[str, float] | None) -> tuple[tuple[str
 def token_loss(name: str, logp: jax.Array, inputs: Mapping[str, jax.Array], mask: jax.Array,
                config: Mapping[str, float]) -> jax.Array:
     """The summed loss of one micro-batch ([B, L] arrays; `mask` 1 at real positions)."""
+    return jnp.sum(mask * per_token_loss(name, logp, inputs, config))
+
+
+def token_loss_rows(name: str, logp: jax.Array, inputs: Mapping[str, jax.Array], mask: jax.Array,
+                    config: Mapping[str, float]) -> jax.Array:
+    """[B]: each datum's summed loss (a pass of several tenants reports each its own)."""
+    return jnp.sum(mask * per_token_loss(name, logp, inputs, config), axis=-1)
+
+
+def per_token_loss(name: str, logp: jax.Array, inputs: Mapping[str, jax.Array],
+                   config: Mapping[str, float]) -> jax.Array:
+    """[B, L]: the loss at every position (before the mask)."""
     if name == "cross_entropy":
-        per_token = -logp * inputs["weights"]
-    else:
-        adv, lp = inputs["advantages"], inputs["logprobs"]
-        log_ratio = jnp.clip(logp - lp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        ratio = jnp.exp(log_ratio)
-        if name == "importance_sampling":
-            per_token = -ratio * adv
-        elif name == "ppo":
-            clipped = jnp.clip(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
-            per_token = -jnp.minimum(ratio * adv, clipped * adv)
-        elif name == "cispo":
-            clipped = jnp.clip(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
-            per_token = -jax.lax.stop_gradient(clipped) * logp * adv
-        elif name == "dro":
-            per_token = -(logp * adv - 0.5 * config["beta"] * (logp - lp) ** 2)
-        else:
-            raise ValueError(f"unknown token loss {name!r}")
-    return jnp.sum(mask * per_token)
+        return -logp * inputs["weights"]
+    adv, lp = inputs["advantages"], inputs["logprobs"]
+    log_ratio = jnp.clip(logp - lp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    if name == "importance_sampling":
+        return -ratio * adv
+    if name == "ppo":
+        clipped = jnp.clip(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
+        return -jnp.minimum(ratio * adv, clipped * adv)
+    if name == "cispo":
+        clipped = jnp.clip(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
+        return -jax.lax.stop_gradient(clipped) * logp * adv
+    if name == "dro":
+        return -(logp * adv - 0.5 * config["beta"] * (logp - lp) ** 2)
+    raise ValueError(f"unknown token loss {name!r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -25,7 +25,9 @@ from learner.batch import ShapeFloor
 from learner.compile_time import compile_seconds
 from learner.config import LearnerConfig
 from learner.distributed import put_global, to_host
-from learner.token_batch import TokenBatch, pack_tokens
+from learner.lora_rows import RowAdapters
+from learner.tenant_stack import TenantStack, unstack
+from learner.token_batch import PackedTokens, TokenBatch, pack_tokens
 from learner.shared_prompts import Layout, SharedPrompts, shared_prompts
 from learner.token_losses import GATE, TOKEN_LOSSES, loss_config
 
@@ -41,36 +43,14 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     largest token-loss shapes run so far, padded up to and raised (with cfg.pad_to_largest: a client's RL loop
     sends other lengths every step, each a compile otherwise)."""
     t0, compiled_before = time.perf_counter(), compile_seconds()
-    settings = loss_config(loss, config)
-    names = TOKEN_LOSSES[loss]
-    for i, inputs in enumerate(batch.inputs or [{}] * len(batch)):
-        if missing := [n for n in names if n not in inputs]:
-            raise ValueError(f"datum {i}: loss_fn {loss!r} needs loss_fn_inputs {list(names)} besides "
-                             f"target_tokens; {missing} missing")
-    dp = sharding.mesh.shape["fsdp"]
-    micro = math.ceil(min(cfg.grpo.micro_batch_size, len(batch)) / dp) * dp
-    rows = math.ceil(len(batch) / micro) * micro
-    pad = floor if cfg.pad_to_largest else None
-    packed = pack_tokens(batch, names, GATE[loss], cfg.seq_bucket, rows, pad)
-    lay = share(packed, micro, pad) if packed.shareable and cfg.logprob_chunk > 0 else None
-    floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0,
-                   0 if packed.prefix_window is None else packed.prefix_window.shape[1])
+    settings, names, packed, lay, micro = _prepare(cfg, batch, loss, config, sharding, share, floor)
     key = ("token", loss, settings, forward_only)
     if key not in a.fns:
         a.fns[key] = ts.make_token_fn(a.parts, loss, settings, cfg.logprob_chunk, forward_only)
     fn = a.fns[key]
-    put = lambda x: put_global(x, sharding)
     acc = None if forward_only else (a.grads if a.grads is not None else jax.tree.map(jnp.zeros_like, a.params))
     total, logps = 0.0, []
-    for lo in range(0, rows, micro):
-        r = slice(lo, lo + micro)
-        shared = None if lay is None else SharedPrompts(*map(put, shared_prompts(packed, r, lay)))
-        # Shared, the prefixes' logprobs come from the prompt block: no [B, S] window (nor its shape in jit's key).
-        prefix_window = None if lay is not None or packed.prefix_window is None else put(packed.prefix_window[r])
-        tmb = ts.TokenMicroBatch(put(packed.tokens[r]), put(packed.targets[r]), put(packed.valid[r]),
-                                 put(packed.loss_mask[r]), put(packed.window[r]),
-                                 {n: put(packed.fields[n][r]) for n in names}, put(packed.active_mask[r]),
-                                 put(packed.prefix_mask[r]), prefix_window, shared)
+    for r, tmb in _micro_batches(packed, lay, names, micro, sharding):
         if forward_only:
             value, logp = fn(a.params, a.parts.base, tmb)
         else:
@@ -82,3 +62,76 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
         a.open = a.open or OpenUpdate(t0, compiled_before)
     logp = np.concatenate(logps)
     return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}, lay
+
+
+def tenant_forward_backward(cfg: LearnerConfig, adapters: list[Adapter], stack: TenantStack, fns: dict,
+                            batch: TokenBatch, loss: str, config: dict[str, float] | None, forward_only: bool,
+                            sharding: Any, floor: ShapeFloor) -> dict[str, Any]:
+    """token_forward_backward for the datums of several adapters in one pass (`batch.adapters` names each datum's;
+    `stack` holds them stacked, learner/tenant_stack.py; `fns` caches the stacked graph's programs): {"loss": per
+    datum its summed loss, "logprobs": per datum, "compile_s": seconds spent making the pass's program}; each adapter's gradient is added to its own held one.
+    Prompts are not shared across the pass's rows (a shared prompt row would run one adapter for all)."""
+    t0, compiled_before = time.perf_counter(), compile_seconds()
+    settings, names, packed, _, micro = _prepare(cfg, batch, loss, config, sharding, None, floor)
+    key = ("tenants", loss, settings, forward_only)
+    if key not in fns:
+        fns[key] = ts.make_tenant_fn(stack.parts, loss, settings, cfg.logprob_chunk, forward_only)
+    fn = fns[key]
+    acc = None if forward_only else jax.tree.map(jnp.zeros_like, stack.params)
+    index, scale = stack.rows(list(batch.adapters), len(packed.tokens))
+    put = lambda x: put_global(x, sharding)  # noqa: E731
+    losses, logps = [], []
+    compiled = compile_seconds()
+    for r, tmb in _micro_batches(packed, None, names, micro, sharding):
+        rows = RowAdapters(put(index[r]), put(scale[r]))
+        if forward_only:
+            per_row, logp = fn(stack.params, stack.parts.base, tmb, rows)
+        else:
+            acc, per_row, logp = fn(stack.params, stack.parts.base, acc, tmb, rows)
+        losses.append(to_host(per_row))
+        logps.append(to_host(logp))
+    compiled = compile_seconds() - compiled
+    if not forward_only:
+        for a, grads in zip(adapters, unstack(acc, adapters)):
+            a.grads = grads if a.grads is None else jax.tree.map(jnp.add, a.grads, grads)
+            a.open = a.open or OpenUpdate(t0, compiled_before)
+    per_datum, logp = np.concatenate(losses), np.concatenate(logps)
+    return {"loss": [float(per_datum[i]) for i in range(len(batch))],
+            "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)],
+            "compile_s": compiled}
+
+
+def _prepare(cfg: LearnerConfig, batch: TokenBatch, loss: str, config: dict[str, float] | None, sharding: Any,
+             share: Callable[[Any, int, ShapeFloor | None], Layout | None] | None, floor: ShapeFloor):
+    """(the loss's settings, its input names, the packed batch, its prompt-sharing layout or None, micro-batch
+    rows), the inputs checked against the loss and the floor raised to the batch's shapes."""
+    settings = loss_config(loss, config)
+    names = TOKEN_LOSSES[loss]
+    for i, inputs in enumerate(batch.inputs or [{}] * len(batch)):
+        if missing := [n for n in names if n not in inputs]:
+            raise ValueError(f"datum {i}: loss_fn {loss!r} needs loss_fn_inputs {list(names)} besides "
+                             f"target_tokens; {missing} missing")
+    dp = sharding.mesh.shape["fsdp"]
+    micro = math.ceil(min(cfg.grpo.micro_batch_size, len(batch)) / dp) * dp
+    rows = math.ceil(len(batch) / micro) * micro
+    pad = floor if cfg.pad_to_largest else None
+    packed = pack_tokens(batch, names, GATE[loss], cfg.seq_bucket, rows, pad)
+    lay = share(packed, micro, pad) if share and packed.shareable and cfg.logprob_chunk > 0 else None
+    floor.raise_to(packed, lay.prompts if lay else 0, lay.prompt_len if lay else 0,
+                   0 if packed.prefix_window is None else packed.prefix_window.shape[1])
+    return settings, names, packed, lay, micro
+
+
+def _micro_batches(packed: PackedTokens, lay: Layout | None, names: tuple[str, ...], micro: int, sharding: Any
+                   ) -> Iterator[tuple[slice, ts.TokenMicroBatch]]:
+    """(rows, device arrays) of each micro-batch of `packed`."""
+    put = lambda x: put_global(x, sharding)  # noqa: E731
+    for lo in range(0, len(packed.tokens), micro):
+        r = slice(lo, lo + micro)
+        shared = None if lay is None else SharedPrompts(*map(put, shared_prompts(packed, r, lay)))
+        # Shared, the prefixes' logprobs come from the prompt block: no [B, S] window (nor its shape in jit's key).
+        prefix_window = None if lay is not None or packed.prefix_window is None else put(packed.prefix_window[r])
+        yield r, ts.TokenMicroBatch(put(packed.tokens[r]), put(packed.targets[r]), put(packed.valid[r]),
+                                    put(packed.loss_mask[r]), put(packed.window[r]),
+                                    {n: put(packed.fields[n][r]) for n in names}, put(packed.active_mask[r]),
+                                    put(packed.prefix_mask[r]), prefix_window, shared)

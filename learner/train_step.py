@@ -23,10 +23,11 @@ from learner.model import forward_hidden, forward_logits, hidden_out
 from learner.sampling import SamplingTransform
 from learner.shared_prompts import SharedPrompts, window_hidden
 from learner.token_logprobs import token_logprobs
-from learner.token_losses import token_loss
+from learner.lora_rows import rows_use
+from learner.token_losses import token_loss, token_loss_rows
 
 __all__ = ["ModelParts", "MicroBatch", "TokenMicroBatch", "merge", "forward_logits", "make_logprob_fn",
-           "make_accumulate_fn", "make_token_fn", "make_optimizer", "make_adam_optimizer", "with_adam",
+           "make_accumulate_fn", "make_token_fn", "make_tenant_fn", "make_optimizer", "make_adam_optimizer", "with_adam",
            "make_apply_fn", "learning_rate"]
 
 
@@ -178,6 +179,34 @@ def make_token_fn(parts: ModelParts, loss: str, config: tuple[tuple[str, float],
     def fn(lora, base, acc, tmb):
         (value, logp), grads = grad_fn(lora, base, tmb)
         return jax.tree.map(jnp.add, acc, grads), value, logp
+
+    return jax.jit(fn, donate_argnums=(2,))
+
+
+def make_tenant_fn(parts: ModelParts, loss: str, config: tuple[tuple[str, float], ...], chunk: int,
+                   forward_only: bool):
+    """make_token_fn for a pass of several adapters stacked (learner/tenant_stack.py; `parts` the stacked graph),
+    each row through its own (`rows`, learner/lora_rows.py). forward_only: (lora, base, tmb, rows) -> (per-row loss
+    [B], logp); else (lora, base, grad_acc, tmb, rows) -> (grad_acc + grad, per-row loss, logp), the gradient
+    stacked as the weights are."""
+    settings = dict(config)
+
+    def loss_fn(lora, base, tmb, rows):
+        with rows_use(rows):
+            if chunk > 0:
+                logp = token_logprobs(merge(parts._replace(base=base), lora), tmb, parts.hf, chunk, not forward_only)
+            else:
+                logp, _, _ = _logprobs(parts, lora, base, tmb, SamplingTransform(), False, False, chunk)
+        per_row = token_loss_rows(loss, logp, tmb.inputs, tmb.loss_mask, settings)
+        return jnp.sum(per_row), (per_row, logp)
+
+    if forward_only:
+        return jax.jit(lambda lora, base, tmb, rows: loss_fn(lora, base, tmb, rows)[1])
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def fn(lora, base, acc, tmb, rows):
+        (_, (per_row, logp)), grads = grad_fn(lora, base, tmb, rows)
+        return jax.tree.map(jnp.add, acc, grads), per_row, logp
 
     return jax.jit(fn, donate_argnums=(2,))
 

@@ -412,6 +412,9 @@ class ApiConfig(Strict):
     A checkpoint past its expiry is deleted, its folder and its record."""
     checkpoint_sweep_s: float = Field(60, gt=0)
     """How often the server deletes expired checkpoints of every run (a listing of a run deletes its own at once)."""
+    gather_window_s: float = Field(0.02, ge=0)
+    """How long a forward_backward that finds the learner idle waits for other clients' to share its pass
+    (orchestration/service/passes.py); requests arriving while a pass runs share the next one anyway. 0 = none."""
 
 
 class ServiceConfig(Strict):

@@ -45,6 +45,7 @@ from orchestration.service import paths, wire
 from orchestration.service.checkpoints import CheckpointRecords, SaveOptions
 from orchestration.service.futures import Outcome, Sequencer, UserError
 from orchestration.service.model_name import served_model
+from orchestration.service.passes import LearnerPasses
 from orchestration.service.sampling import LogprobAsk, answer, logprob_ask, sampling_params, target_params
 from orchestration.service.served import ServedAdapters
 from rollout.protocol import RolloutHandle
@@ -117,9 +118,16 @@ class TinkerService:
         # minutes-long update must not hold the threads sample requests wait for (the SDK sends many at once).
         self._learner_calls = ThreadPoolExecutor(4, thread_name_prefix="tinker-learner")
         self._engine_calls = ThreadPoolExecutor(cfg.rollout.client.max_concurrency, thread_name_prefix="tinker-engine")
+        # Several clients' forward_backward in one learner pass, each datum through its client's adapter.
+        self.passes = LearnerPasses(self._learner_pass, cfg.learner.tenant_slots, cfg.api.gather_window_s)
 
     async def on_learner(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._learner_calls, functools.partial(fn, *args))
+
+    async def _learner_pass(self, batch: TokenBatch, loss: str, config: dict[str, float] | None,
+                            forward_only: bool) -> dict[str, Any]:
+        call = self.learner.forward if forward_only else self.learner.forward_backward
+        return await self.on_learner(lambda: call(batch, loss, batch.adapters[0], config).result())
 
     async def on_engines(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._engine_calls, functools.partial(fn, *args))
@@ -191,8 +199,7 @@ class TinkerService:
         check_datum_ids(batch, self.vocab_size)
         config = wire.loss_settings(request)
         loss_config(request.loss_fn, config)  # an unknown loss or setting: one line now, not after the queue
-        call = self.learner.forward if forward_only else self.learner.forward_backward
-        out = await self.on_learner(lambda: call(batch, request.loss_fn, m.adapter, config).result())
+        out = await self.passes.submit(m.adapter, batch, request.loss_fn, config, forward_only)
         m.last_request_time = now()
         return Outcome(proto=wire.forward_backward_output(out["logprobs"], {"loss:sum": out["loss"]}))
 
