@@ -46,7 +46,7 @@ from learner.loss import LossOptions, token_weights
 from learner.mesh import learner_mesh
 from learner.model import load_model, read_hf_config
 from learner.sampling import SamplingTransform
-from learner.shared_prompts import Layout, SharedPrompts, layout, shared_prompts
+from learner.shared_prompts import Layout, layout, put_shared, shared_prompts
 from learner.token_batch import TokenBatch
 from learner.tenant_stack import pass_rank, stack, stackable, stacked_parts
 from learner.token_step import tenant_forward_backward, token_forward_backward
@@ -184,7 +184,6 @@ class Learner:
         adapters whose LoRA the per-row update cannot stack (Gemma 3's attention einsums), run one pass each."""
         names = tuple(dict.fromkeys(batch.adapters))
         adapters = [self._adapter(n) for n in names]
-        # One adapter: its own program, which shares prompts across rows (a stacked pass does not yet).
         if len(names) == 1 or not all(stackable(a) for a in adapters):
             return self._tenants_apart(batch, names, loss, config, forward_only)
         rank = pass_rank([a.lora for a in adapters])
@@ -195,7 +194,8 @@ class Learner:
         parts, fns = self._stacks[rank, targets]
         stacked = stack(names, adapters, parts, slots)
         out = tenant_forward_backward(self.cfg, adapters, stacked, fns, batch, loss, config, forward_only,
-                                      self._batch_sharding, self._token_floor)
+                                      self._batch_sharding, self._share_layout, self._token_floor)
+        self._layout = out["layout"]
         per_adapter = dict.fromkeys(names, 0.0)
         for name, value in zip(batch.adapters, out["loss"]):
             per_adapter[name] += value
@@ -238,12 +238,13 @@ class Learner:
         distinct = np.unique(groups)
         return np.concatenate([np.flatnonzero(groups == g) for g in distinct[self._rng.permutation(len(distinct))]])
 
-    def _share_layout(self, packed: PackedBatch, micro: int, floor: ShapeFloor | None = None) -> Layout | None:
+    def _share_layout(self, packed: PackedBatch, micro: int, floor: ShapeFloor | None = None,
+                      tags: np.ndarray | None = None) -> Layout | None:
         if not self.cfg.share_prompts or self.cfg.logprob_chunk == 0:
             return None
         # Tunix's Gemma 3 masks its sliding window by slot index (see shared_prompts): share within one window.
         span = self._hf.get("sliding_window") if self.family == "gemma3" else None
-        return layout(packed, micro, self._data_parallel, self.cfg.seq_bucket, span, floor)
+        return layout(packed, micro, self._data_parallel, self.cfg.seq_bucket, span, floor, tags)
 
     def _batch_geometry(self, n: int) -> tuple[int, int]:
         """(micro, rows): micro divides rows >= n; micro divisible by the data-parallel size."""
@@ -262,7 +263,7 @@ class Learner:
         put = lambda a: put_global(a, self._batch_sharding)
         shared = None
         if self._layout is not None:
-            shared = SharedPrompts(*map(put, shared_prompts(packed, rows, self._layout)))
+            shared = put_shared(shared_prompts(packed, rows, self._layout), put)
         return ts.MicroBatch(*map(put, arrays), shared)
 
     def _old_logprobs(self, logprob_fn, packed: PackedBatch, micro: int) -> tuple[np.ndarray, np.ndarray]:

@@ -35,10 +35,15 @@ from common.pins import PINS, require_pinned
 
 
 class RowAdapters(NamedTuple):
-    """Which stacked adapter each row of the current model call uses, and its scale (traced arrays)."""
+    """Which stacked adapter each row of the current model call uses, and each adapter's scale (traced arrays)."""
 
     index: jax.Array  # int32 [B]
-    scale: jax.Array  # float32 [B]: the row's adapter's alpha / rank
+    slot_scale: jax.Array  # float32 [T]: each stacked adapter's alpha / rank
+
+    @property
+    def scale(self) -> jax.Array:
+        """[B]: each row's adapter's scale."""
+        return self.slot_scale[self.index]
 
 
 _CURRENT: contextvars.ContextVar[RowAdapters | None] = contextvars.ContextVar("lora_rows", default=None)
@@ -126,7 +131,9 @@ def einsum(self, einsum_str: str, *operands, **kwargs):
     lhs_str, a_str, b_str = inputs.split(",")
     row = lhs_str[0]
     delta = jnp.einsum(f"{lhs_str},{row}{a_str},{row}{b_str}->{out}", lhs, a[rows.index], b[rows.index], **kwargs)
-    return res + delta * _per_row(rows.scale, delta) * (rule.alpha / rule.rank)
+    # The row axis need not lead the output (Gemma 3's fused k/v einsum puts k-or-v first).
+    scale = rows.scale.astype(delta.dtype).reshape([-1 if c == row else 1 for c in out])
+    return res + delta * scale * (rule.alpha / rule.rank)
 
 
 def install() -> None:

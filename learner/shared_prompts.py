@@ -18,6 +18,7 @@ says None when sharing would not save tokens (distinct prompts everywhere, as in
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import jax
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from learner.batch import PackedBatch, ShapeFloor, bucket_length
+from learner.lora_rows import RowAdapters, current, rows_use
 from learner.model import head_dim
 
 
@@ -37,6 +39,8 @@ class SharedPrompts(NamedTuple):
     completion_tokens: Any  # int32 [B, C]: the tokens after the prompt (right-padded)
     completion_valid: Any  # bool [B, C]
     prompt_length: Any  # int32 [B]: the sample's prompt length (its completion's first position)
+    prompt_tag: Any = None  # int32 [U]: in a pass of several adapters, each prompt row's (rows share a prompt
+    # only with rows of their own adapter); None otherwise
 
 
 class Layout(NamedTuple):
@@ -50,25 +54,27 @@ def _prompt_lengths(packed: PackedBatch) -> np.ndarray:
     return packed.window[:, 0].astype(np.int64) + 1
 
 
-def _distinct(packed: PackedBatch, rows: slice) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """(distinct prompts of these rows, in first-seen order; each row's index among them)."""
+def _distinct(packed: PackedBatch, rows: slice, tags: np.ndarray | None = None
+              ) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """(distinct (tag, prompt) of these rows, in first-seen order; each row's index among them). `tags`: per row of
+    `packed`, what else a row must share with another to share its prompt (its adapter), or None."""
     lengths = _prompt_lengths(packed)
     index: dict[tuple[int, ...], int] = {}
     row_prompt = []
     for i in range(rows.start, rows.stop):
-        key = tuple(packed.tokens[i, : lengths[i]].tolist())
+        key = (int(tags[i]) if tags is not None else 0, *packed.tokens[i, : lengths[i]].tolist())
         row_prompt.append(index.setdefault(key, len(index)))
     return list(index), np.asarray(row_prompt, np.int32)
 
 
 def layout(packed: PackedBatch, micro: int, data_parallel: int, bucket: int, max_span: int | None,
-           floor: ShapeFloor | None = None) -> Layout | None:
+           floor: ShapeFloor | None = None, tags: np.ndarray | None = None) -> Layout | None:
     """Block sizes for every micro-batch of `packed` (rows grouped so a group's samples are adjacent), at least
     `floor`'s prompt block, or None where sharing would run as many tokens as the plain [B, L] forward (or cannot
     apply, see `max_span`)."""
     floor = floor or ShapeFloor()
     rows, length = packed.tokens.shape
-    most = max(len(_distinct(packed, slice(lo, lo + micro))[0]) for lo in range(0, rows, micro))
+    most = max(len(_distinct(packed, slice(lo, lo + micro), tags)[0]) for lo in range(0, rows, micro))
     prompts = max(-(-most // data_parallel) * data_parallel, floor.prompts)  # sharded like the batch
     prompt_len = max(bucket_length(int(_prompt_lengths(packed).max()), bucket), floor.prompt_len)
     completion_len = packed.window.shape[1]
@@ -79,15 +85,18 @@ def layout(packed: PackedBatch, micro: int, data_parallel: int, bucket: int, max
     return Layout(prompts, prompt_len, completion_len)
 
 
-def shared_prompts(packed: PackedBatch, rows: slice, lay: Layout) -> SharedPrompts:
-    """The rows `rows` of `packed` as a prompt block and a completion block of the sizes in `lay`."""
-    distinct, row_prompt = _distinct(packed, rows)
+def shared_prompts(packed: PackedBatch, rows: slice, lay: Layout, tags: np.ndarray | None = None) -> SharedPrompts:
+    """The rows `rows` of `packed` as a prompt block and a completion block of the sizes in `lay` (`tags`: see
+    `_distinct`; each prompt row then carries its rows' tag)."""
+    distinct, row_prompt = _distinct(packed, rows, tags)
     u, p, c = lay
     prompt_tokens = np.zeros((u, p), np.int32)
     prompt_valid = np.zeros((u, p), bool)
-    for k, prompt in enumerate(distinct):
+    prompt_tag = np.zeros(u, np.int32)
+    for k, (tag, *prompt) in enumerate(distinct):
         prompt_tokens[k, p - len(prompt):] = prompt
         prompt_valid[k, p - len(prompt):] = True
+        prompt_tag[k] = tag
     lengths = _prompt_lengths(packed)[rows]
     b, length = len(lengths), packed.tokens.shape[1]
     completion_tokens = np.zeros((b, c), np.int32)
@@ -97,7 +106,12 @@ def shared_prompts(packed: PackedBatch, rows: slice, lay: Layout) -> SharedPromp
         completion_tokens[i, : stop - start] = packed.tokens[row, start:stop]
         completion_valid[i, : stop - start] = packed.valid[row, start:stop]
     return SharedPrompts(prompt_tokens, prompt_valid, row_prompt, completion_tokens, completion_valid,
-                         lengths.astype(np.int32))
+                         lengths.astype(np.int32), None if tags is None else prompt_tag)
+
+
+def put_shared(sp: SharedPrompts, put) -> SharedPrompts:
+    """`sp` with `put` applied to each array it has (a field it lacks stays None)."""
+    return SharedPrompts(*(None if x is None else put(x) for x in sp))
 
 
 def _empty_cache(hf: dict[str, Any], batch: int, slots: int, dtype) -> dict:
@@ -125,7 +139,11 @@ def prompt_and_window_hidden(model, sp: SharedPrompts, hf: dict[str, Any], width
     t, s = jnp.arange(p)[:, None], jnp.arange(slots)[None]
     keys = jnp.pad(sp.prompt_valid, ((0, 0), (0, c)))
     mask = ((s <= t)[None] & keys[:, None, :]) | (s == t)[None]
-    prompt_hidden, cache = model(sp.prompt_tokens, positions, _empty_cache(hf, u, slots, dtype), mask)
+    # In a pass of several adapters each prompt row runs through its rows' adapter (learner/lora_rows.py).
+    prompt_rows = contextlib.nullcontext() if sp.prompt_tag is None else rows_use(RowAdapters(sp.prompt_tag,
+                                                                                              current().slot_scale))
+    with prompt_rows:
+        prompt_hidden, cache = model(sp.prompt_tokens, positions, _empty_cache(hf, u, slots, dtype), mask)
     # 2. Completions on their prompt's cache (slots [0, P) filled; they write [P, P + C)).
     cache = {name: {"k": layer["k"][sp.row_prompt], "v": layer["v"][sp.row_prompt],
                     "end_index": jnp.full(sp.row_prompt.shape, p, jnp.int32)} for name, layer in cache.items()}

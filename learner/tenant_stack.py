@@ -38,11 +38,9 @@ class TenantStack:
     params: dict  # each leaf [slots, ...]
     scale: np.ndarray  # float32 [slots]: each slot's alpha / rank (0 for an empty slot)
 
-    def rows(self, adapters: list[str], rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """(slot index, scale) per row for datums of `adapters`, padding rows (past the datums) on slot 0."""
-        index = np.zeros(rows, np.int32)
-        index[: len(adapters)] = [self.names.index(a) for a in adapters]
-        return index, self.scale[index]
+    def rows(self, adapters: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(slot index per datum of `adapters`, each slot's scale)."""
+        return np.asarray([self.names.index(a) for a in adapters], np.int32), self.scale
 
 
 def stackable(adapter: Adapter) -> bool:

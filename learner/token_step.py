@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from learner import train_step as ts
 from learner.adapters import Adapter, OpenUpdate
@@ -28,7 +29,7 @@ from learner.distributed import put_global, to_host
 from learner.lora_rows import RowAdapters
 from learner.tenant_stack import TenantStack, unstack
 from learner.token_batch import PackedTokens, TokenBatch, pack_tokens
-from learner.shared_prompts import Layout, SharedPrompts, shared_prompts
+from learner.shared_prompts import Layout, put_shared, shared_prompts
 from learner.token_losses import GATE, TOKEN_LOSSES, loss_config
 
 
@@ -66,24 +67,29 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
 
 def tenant_forward_backward(cfg: LearnerConfig, adapters: list[Adapter], stack: TenantStack, fns: dict,
                             batch: TokenBatch, loss: str, config: dict[str, float] | None, forward_only: bool,
-                            sharding: Any, floor: ShapeFloor) -> dict[str, Any]:
+                            sharding: Any, share: Callable[..., Layout | None], floor: ShapeFloor) -> dict[str, Any]:
     """token_forward_backward for the datums of several adapters in one pass (`batch.adapters` names each datum's;
     `stack` holds them stacked, learner/tenant_stack.py; `fns` caches the stacked graph's programs): {"loss": per
-    datum its summed loss, "logprobs": per datum, "compile_s": seconds spent making the pass's program}; each adapter's gradient is added to its own held one.
-    Prompts are not shared across the pass's rows (a shared prompt row would run one adapter for all)."""
+    datum its summed loss, "logprobs": per datum, "compile_s": seconds spent making the pass's program, "layout": the prompt-sharing layout used or None}; each adapter's gradient is added to its own held one.
+    Rows share a prompt only with rows of their own adapter (`share(packed, micro, floor, tags)`: the learner's
+    prompt-sharing layout, its prompts told apart by adapter slot)."""
     t0, compiled_before = time.perf_counter(), compile_seconds()
-    settings, names, packed, _, micro = _prepare(cfg, batch, loss, config, sharding, None, floor)
+    index, slot_scale = stack.rows(list(batch.adapters))
+    rows_of = lambda packed: np.pad(index, (0, len(packed.tokens) - len(index)))  # noqa: E731  (padding: slot 0)
+    tagged = lambda packed, micro, pad: share(packed, micro, pad, rows_of(packed))  # noqa: E731
+    settings, names, packed, lay, micro = _prepare(cfg, batch, loss, config, sharding, tagged, floor)
+    index = rows_of(packed)
     key = ("tenants", loss, settings, forward_only)
     if key not in fns:
         fns[key] = ts.make_tenant_fn(stack.parts, loss, settings, cfg.logprob_chunk, forward_only)
     fn = fns[key]
     acc = None if forward_only else jax.tree.map(jnp.zeros_like, stack.params)
-    index, scale = stack.rows(list(batch.adapters), len(packed.tokens))
     put = lambda x: put_global(x, sharding)  # noqa: E731
+    scale = put_global(slot_scale, NamedSharding(sharding.mesh, PartitionSpec()))  # every row may read any slot's
     losses, logps = [], []
     compiled = compile_seconds()
-    for r, tmb in _micro_batches(packed, None, names, micro, sharding):
-        rows = RowAdapters(put(index[r]), put(scale[r]))
+    for r, tmb in _micro_batches(packed, lay, names, micro, sharding, index):
+        rows = RowAdapters(put(index[r]), scale)
         if forward_only:
             per_row, logp = fn(stack.params, stack.parts.base, tmb, rows)
         else:
@@ -98,7 +104,7 @@ def tenant_forward_backward(cfg: LearnerConfig, adapters: list[Adapter], stack: 
     per_datum, logp = np.concatenate(losses), np.concatenate(logps)
     return {"loss": [float(per_datum[i]) for i in range(len(batch))],
             "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)],
-            "compile_s": compiled}
+            "compile_s": compiled, "layout": lay}
 
 
 def _prepare(cfg: LearnerConfig, batch: TokenBatch, loss: str, config: dict[str, float] | None, sharding: Any,
@@ -122,13 +128,14 @@ def _prepare(cfg: LearnerConfig, batch: TokenBatch, loss: str, config: dict[str,
     return settings, names, packed, lay, micro
 
 
-def _micro_batches(packed: PackedTokens, lay: Layout | None, names: tuple[str, ...], micro: int, sharding: Any
-                   ) -> Iterator[tuple[slice, ts.TokenMicroBatch]]:
-    """(rows, device arrays) of each micro-batch of `packed`."""
+def _micro_batches(packed: PackedTokens, lay: Layout | None, names: tuple[str, ...], micro: int, sharding: Any,
+                   tags: np.ndarray | None = None) -> Iterator[tuple[slice, ts.TokenMicroBatch]]:
+    """(rows, device arrays) of each micro-batch of `packed` (`tags`: per row its adapter slot, which prompt rows
+    are told apart by)."""
     put = lambda x: put_global(x, sharding)  # noqa: E731
     for lo in range(0, len(packed.tokens), micro):
         r = slice(lo, lo + micro)
-        shared = None if lay is None else SharedPrompts(*map(put, shared_prompts(packed, r, lay)))
+        shared = None if lay is None else put_shared(shared_prompts(packed, r, lay, tags), put)
         # Shared, the prefixes' logprobs come from the prompt block: no [B, S] window (nor its shape in jit's key).
         prefix_window = None if lay is not None or packed.prefix_window is None else put(packed.prefix_window[r])
         yield r, ts.TokenMicroBatch(put(packed.tokens[r]), put(packed.targets[r]), put(packed.valid[r]),

@@ -96,6 +96,8 @@ class LearnerPasses:
             return
         self.passes += 1
         self.requests += len(group)
+        if len(group) > 1:
+            log.info("learner pass of %d clients (%s)", len(group), ", ".join(r.adapter for r in group))
         start = 0
         for request in group:
             n = len(request.batch)

@@ -43,6 +43,7 @@ from learner.token_losses import loss_config
 from orchestration.config.schema import ServiceConfig
 from orchestration.service import paths, wire
 from orchestration.service.checkpoints import CheckpointRecords, SaveOptions
+from orchestration.service.fair_share import FairShare
 from orchestration.service.futures import Outcome, Sequencer, UserError
 from orchestration.service.model_name import served_model
 from orchestration.service.passes import LearnerPasses
@@ -118,6 +119,7 @@ class TinkerService:
         # minutes-long update must not hold the threads sample requests wait for (the SDK sends many at once).
         self._learner_calls = ThreadPoolExecutor(4, thread_name_prefix="tinker-learner")
         self._engine_calls = ThreadPoolExecutor(cfg.rollout.client.max_concurrency, thread_name_prefix="tinker-engine")
+        self.fair = FairShare(cfg.rollout.client.max_concurrency)  # no client's samples queue behind another's
         # Several clients' forward_backward in one learner pass, each datum through its client's adapter.
         self.passes = LearnerPasses(self._learner_pass, cfg.learner.tenant_slots, cfg.api.gather_window_s)
 
@@ -323,7 +325,8 @@ class TinkerService:
         params = sampling_params(body.get("sampling_params") or {}, int(body.get("num_samples", 1)), room, ask)
         # an adapter is loaded again first if the engines had unloaded it
         async with contextlib.nullcontext() if adapter is None else self.served.use(adapter):
-            [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
+            async with self.fair.turn(sampler.sampler_id.split(":")[0]):  # clients take turns by session
+                [group] = await self.on_engines(lambda: self.rollout.generate([prompt], params, adapter=adapter))
             scored = await self._score_targets(prompt, ask, adapter)
         return Outcome(proto=wire.sample_response(group, answer(group, prompt, ask, scored)))
 

@@ -37,6 +37,19 @@ def datums(n: int, seed: int, loss: str) -> list[tuple[list[int], list[int], dic
     return out
 
 
+def groups(prompts: list[list[int]], samples: int, seed: int) -> list[tuple[list[int], list[int], dict]]:
+    """RL datums: `samples` completions of each prompt, the prompt's advantages 0 (no gradient there)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for prompt in prompts:
+        for _ in range(samples):
+            tokens = prompt + rng.integers(3, 1000, int(rng.integers(3, 8))).tolist()
+            n = len(tokens) - 1
+            adv = np.where(np.arange(n) >= len(prompt) - 1, rng.normal(), 0.0).astype(np.float32)
+            out.append((tokens[:-1], tokens[1:], {"advantages": adv, "logprobs": -rng.random(n).astype(np.float32)}))
+    return out
+
+
 @pytest.fixture(scope="module")
 def learner(tiny_model_dir):
     return Learner(LearnerConfig.model_validate({"lora": {"rank": 4, "alpha": 16}}), tiny_model_dir)
@@ -113,6 +126,22 @@ def test_each_tenant_gets_bit_for_bit_what_it_gets_alone(learner, loss, names):
     assert all(found[k] <= BOUND[k] for k in BOUND), f"a tenant's results moved with its neighbours: {found}"
     logps = [together[name][1][0][-1] for name in clients]
     assert len(set(map(float, logps))) == len(logps), "vacuous: the adapters give one datum's last logprob alike"
+
+
+def test_tenants_share_their_own_prompts_only(learner):
+    """Two clients' RL groups on the same two prompts (a 200-token prompt, 4 short completions each): the pass runs
+    each distinct (client, prompt) once, as each client's pass alone does, and each gets what it gets alone. With the
+    prompts not told apart by client, b's rows would read a's prompt pass (through a's adapter) and differ."""
+    rng = np.random.default_rng(5)
+    # long enough that a prompt block saves tokens with the 4-way data-parallel mesh (4 prompt rows at least)
+    prompts = [rng.integers(3, 1000, 200).tolist() for _ in range(2)]
+    clients = {"a": groups(prompts, 4, seed=1), "c": groups(prompts, 4, seed=2)}
+    fresh(learner, list(clients))
+    weights_at_creation.update({name: weights(learner, name) for name in clients})
+    alone, together = alone_and_together(learner, clients, "importance_sampling")
+    found = gaps(alone, together)
+    assert all(found[k] <= BOUND[k] for k in BOUND), f"a tenant's results moved with its neighbours: {found}"
+    assert learner._layout is not None, "vacuous: the pass shared no prompt"
 
 
 def test_forward_alone_and_together_agree_and_hold_no_gradient(learner):

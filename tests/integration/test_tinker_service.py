@@ -314,6 +314,61 @@ def test_two_clients_train_at_once_and_leave_each_others_weights_and_samplers_al
     assert max_gap(b_scores, a_scores) > APART, "vacuous: b's sampler scores a text as a's does"
 
 
+def test_clients_training_at_once_share_learner_passes_and_get_what_they_get_alone(smol):
+    """Three clients (LoRA ranks 4, 8, 16) send forward_backward at once: the server runs them in shared learner
+    passes (its log names a pass of several clients), and each client's loss, logprobs and weights after its
+    optim_step are those it gets alone, within float32 rounding (a batched contraction sums in another order).
+    Fails on the old main: every client's request was a learner pass of its own."""
+    import safetensors.numpy
+
+    service = smol.client()
+    tokenizer = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result().get_tokenizer()
+    texts = ["The Nile flows north into the Mediterranean Sea.", "Seven times eight is fifty-six, and nine is odd.",
+             "A haiku has three lines: five, seven and five syllables."]
+    batches = {}
+    for rank, text in zip((4, 8, 16), texts):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        batches[rank] = [datum(ids, weights=[0.0] * 3 + [1.0] * (len(ids) - 4)), datum(ids[:9], weights=[1.0] * 8)]
+    adam = types.AdamParams(learning_rate=1e-2, eps=1.0)  # lr * g / (|g| + 1): no sign flips where g ~ 0
+
+    def weights(client, name: str) -> dict:
+        path = client.save_weights_for_sampler(name).result().path.removeprefix("tinker://")
+        return safetensors.numpy.load_file(str(smol.run_dir / "tinker" / path / "adapter_model.safetensors"))
+
+    def clients() -> dict:
+        return {rank: service.create_lora_training_client(base_model=BASE, rank=rank, seed=rank).result()
+                for rank in batches}
+
+    def results(tag: str, made: dict, futures: dict) -> dict:
+        out = {}
+        for rank, future in futures.items():
+            fb = future.result()
+            made[rank].optim_step(adam).result()
+            out[rank] = (fb.metrics["loss:sum"], [o["logprobs"].tolist() for o in fb.loss_fn_outputs],
+                         weights(made[rank], f"{tag}-{rank}"))
+        return out
+
+    alone_clients = clients()
+    alone = {}
+    for rank in batches:  # one at a time: each its own pass
+        alone |= results("alone", alone_clients, {rank: alone_clients[rank].forward_backward(batches[rank],
+                                                                                           "cross_entropy")})
+    before = smol.log.read_text().count("learner pass of")
+    together_clients = clients()
+    futures = {rank: together_clients[rank].forward_backward(batches[rank], "cross_entropy") for rank in batches}
+    together = results("together", together_clients, futures)
+    shared = smol.log.read_text().count("learner pass of") - before
+    assert shared >= 1, "the three clients' forward_backward never shared a learner pass"
+    for rank in batches:
+        (loss, logprobs, lora), (t_loss, t_logprobs, t_lora) = alone[rank], together[rank]
+        assert abs(t_loss - loss) <= 1e-5 * abs(loss), f"rank {rank}: loss {t_loss} beside others, {loss} alone"
+        gap = max(max(abs(x - y) for x, y in zip(a, b)) for a, b in zip(t_logprobs, logprobs))
+        assert gap <= 1e-4, f"rank {rank}: logprobs differ by {gap:.1e} beside others"
+        moved = max(float(np.max(np.abs(v))) for k, v in lora.items() if "lora_B" in k)
+        drift = max(float(np.max(np.abs(t_lora[k] - lora[k]))) for k in lora)
+        assert moved > 1e-4 and drift <= 1e-3 * moved, f"rank {rank}: LoRA moved {moved:.1e}, differs by {drift:.1e}"
+
+
 def test_one_model_name_in_capabilities_get_info_training_runs_and_samplers(smol):
     """The served model has one name, its Hugging Face id, wherever the server gives one: capabilities, get_info
     (model_name, model_data.model_name and tokenizer_id), the training run's base_model, every sampler's base model
