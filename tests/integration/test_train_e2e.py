@@ -98,6 +98,14 @@ STEPS = 6
 # One request in flight at a time: the engine batches a request's n samples alone, so a redrawn step sees the
 # same batch shapes (and so the same float rounding) as the first drawing did.
 EXACT = [*TINY, f"train.steps={STEPS}", "train.save_every=1", "train.seed=7", "rollout.client.max_concurrency=1"]
+# Samples that differ, so "the same samples" can fail. tiny-llama's tied embeddings (scaled by 8,
+# orchestration/cli/tiny_models.py) make it repeat its last input token: after the chat prompt's closing "\n" its
+# "\n" logit leads the next by 11 (18.6 vs 7.6), p = 0.999996 at the demo's temperature 0.7, so every sample is that
+# one token, cut by the stop string: "". At temperature 2 the lead is 5.5 over a 49k vocabulary: 13% of first tokens
+# are "\n", the rest noise until the stop or max_tokens (bench/tiny_model_peak.py prints these). The reward (even
+# token ids) then varies within a group, so the advantages are not 0 and the LoRA moves: the later steps' samples
+# depend on the adapter the resume restored.
+VARIED = ["rollout.sampling.temperature=2.0", 'rewards.terms=[{fn: "tests.integration.varying_reward:even_tokens"}]']
 
 
 def ignore_interrupts() -> None:
@@ -122,7 +130,8 @@ def interrupted_then_resumed(tmp_path_factory, tiny_model_dir):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     results = []
     for i, (fault, _) in enumerate(CHAIN):
-        args = ["--config", str(CONFIG), "--run-dir", str(run_dir), *EXACT] if i == 0 else ["--resume", str(run_dir)]
+        args = (["--config", str(CONFIG), "--run-dir", str(run_dir), *EXACT, *VARIED] if i == 0
+                else ["--resume", str(run_dir)])
         proc = run_with_fault(args, fault)
         results.append((fault, proc, saved_step(run_dir)))
     return run_dir, results
@@ -132,7 +141,7 @@ def interrupted_then_resumed(tmp_path_factory, tiny_model_dir):
 def uninterrupted(tmp_path_factory, tiny_model_dir):
     """The same 6-step run with no fault: what the interrupted chain must reproduce step for step."""
     run_dir = tmp_path_factory.mktemp("e2e") / "baseline"
-    run_train(["--config", str(CONFIG), "--run-dir", str(run_dir), *EXACT])
+    run_train(["--config", str(CONFIG), "--run-dir", str(run_dir), *EXACT, *VARIED])
     return run_dir
 
 
@@ -202,21 +211,39 @@ def test_interrupted_run_resumes_at_the_next_step_and_data_position(interrupted_
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
 
 
+def assert_samples_vary(run_dir: Path) -> None:
+    """What makes "the same samples" a check that can fail: the run's samples differ across its prompts, across the
+    seeds of one group and from step to step, most are several tokens long, and the rewards vary so the LoRA moves.
+
+    Fails on the settings of main at fe1415a (temperature 0.7, countdown's reward): every completion of every step
+    is "" (one "\\n" token), every reward 0, the gradient 0.
+    """
+    groups = sample_rows(run_dir, "completions")  # step -> the n completions of the step's first prompt
+    texts = [text for group in groups.values() for text in group]
+    assert len(set(texts)) >= len(texts) // 2, f"{len(set(texts))} distinct completions of {len(texts)}: {groups}"
+    assert all(len(set(group)) >= 2 for group in groups.values()), f"a group's seeds drew one completion: {groups}"
+    rows = read_metrics(run_dir)
+    assert all(r["rollout/completion_len_mean"] >= 8 for r in rows), [r["rollout/completion_len_mean"] for r in rows]
+    assert all(r["reward/total_std"] > 0 and r["learner/grad_norm"] > 0 for r in rows), "rewards equal: no update"
+
+
 def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(interrupted_then_resumed, uninterrupted):
     """Seeded requests: the same samples at every step however often the run stopped or the engine restarted.
 
-    On the tiny random model every reward is 0, so the advantages are 0 and the LoRA does not move: the loss check
-    is met trivially. What this test shows is the samples: rewards, lengths, texts, and the engine-vs-learner
-    logprob gap (a function of the exact sampled tokens) all equal the uninterrupted run's (measured: equal to
-    every printed digit, e.g. 4.8596e-05 at step 1 in both).
+    The samples vary (`assert_samples_vary`: at temperature 2 with the even-token reward, VARIED), so rewards,
+    lengths, texts and the engine-vs-learner logprob gap (a function of the exact sampled tokens) being equal to
+    the uninterrupted run's says each redrawn step used its own seeds and the adapter the resume restored; the
+    loss and gradient norm (non-zero: the LoRA moves) say the learner resumed its state. On main at fe1415a the
+    chain compared single "\\n" completions (every text "", every reward and gradient 0), equal whatever the seeds.
     """
     run_dir, _ = interrupted_then_resumed
+    assert_samples_vary(uninterrupted)
     got, want = read_metrics(run_dir), read_metrics(uninterrupted)
     assert [r["step"] for r in want] == list(range(1, STEPS + 1))
     gaps = [r["learner/logprob_abs_diff"] for r in want]
     assert max(gaps) <= 1e-3, f"tiny-llama: learner vs engine logprobs differ by {max(gaps):.2e} per token"
     for g, w in zip(got, want, strict=True):
-        for key in ("reward/total", "rollout/completion_len_mean", "rollout/completion_len_max",
+        for key in ("reward/total", "reward/total_std", "rollout/completion_len_mean", "rollout/completion_len_max",
                     "rollout/truncated_frac"):
             assert g[key] == w[key], f"step {g['step']}: {key} {g[key]} != uninterrupted {w[key]}: not the same samples"
         for key in ("learner/loss", "learner/grad_norm", "learner/logprob_abs_diff"):
