@@ -21,8 +21,8 @@ CLIENTS = {c.__name__: c for c in (tinker.ServiceClient, tinker.TrainingClient, 
 
 def sdk_methods() -> dict[str, set[str]]:
     """Each client's public methods, an `_async` twin folded into its name (the table lists a call once)."""
-    return {name: {m.removesuffix("_async") for m, v in inspect.getmembers(cls) if not m.startswith("_") and callable(v)}
-            for name, cls in CLIENTS.items()}
+    return {name: {m.removesuffix("_async") for m, v in inspect.getmembers(cls)
+                   if not m.startswith("_") and callable(v)} for name, cls in CLIENTS.items()}
 
 
 def table_rows() -> list[tuple[str, str]]:
