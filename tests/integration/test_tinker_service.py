@@ -271,8 +271,8 @@ def test_an_inflight_sampler_follows_its_clients_newest_weights_and_a_snapshot_s
     """`save_weights_and_get_sampling_client(kind="inflight")`, as the SDK's SamplingClientKind defines it: an inflight
     sampler made before a step answers, after the next inflight save, with the newer weights (its logprobs of a fixed
     text are the newer sampler's, to 1e-5), while a snapshot made at the same time keeps the old ones. Holds what
-    main serves since `kind` was read; not seen failing (the server that ignored `kind` would fail the first
-    assertion: its inflight sampler kept the old version)."""
+    main already serves; not seen failing (a server that ignored `kind` would serve the inflight sampler its first
+    version, which the second assertion reads)."""
     training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=4).result()
     text = training.get_tokenizer().encode("Rome is the capital of Italy.", add_special_tokens=False)
     scored = types.ModelInput.from_ints(text)
