@@ -435,6 +435,20 @@ class ServiceConfig(Strict):
 
     judge_engine: None = None  # the cluster launcher reads it (a service starts no judge)
 
+    @model_validator(mode="before")
+    @classmethod
+    def check_engine_serves_tinker(cls, data: Any) -> Any:
+        """Refuse an engine the service cannot run on, before its other keys are read: SGLang-JAX's keys differ
+        from vLLM's, so the config's vLLM keys would otherwise read as "unknown key" lines that hide the reason."""
+        backend = data.get("rollout", {}).get("backend", {}) if isinstance(data, dict) else {}
+        if isinstance(backend, dict) and backend.get("kind") == "sglang_jax":
+            raise ValueError(
+                "rollout.backend.kind (sglang_jax): `aha tinker` cannot serve on SGLang-JAX: its engine holds one "
+                "LoRA merged into the base weights at a time (the service serves every training client's sampler "
+                "versions at once) and returns no prompt or top-k logprobs (compute_logprobs, "
+                "include_prompt_logprobs, topk_*_logprobs); serve with rollout.backend.kind: vllm")
+        return data
+
     @model_validator(mode="after")
     def check_parallelism(self) -> "ServiceConfig":
         check_learner_chips(self.learner.topology, self.learner.hosts, self.learner.resources.tpu)

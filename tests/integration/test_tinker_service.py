@@ -267,6 +267,32 @@ def test_a_sampler_answers_with_its_version_after_newer_ones_push_it_off_the_eng
     assert moved > 1e-2, f"vacuous: the newest version scores the text like version 1 ({moved:.2e})"
 
 
+def test_an_inflight_sampler_follows_its_clients_newest_weights_and_a_snapshot_stays(smol):
+    """`save_weights_and_get_sampling_client(kind="inflight")`, as the SDK's SamplingClientKind defines it: an inflight
+    sampler made before a step answers, after the next inflight save, with the newer weights (its logprobs of a fixed
+    text are the newer sampler's, to 1e-5), while a snapshot made at the same time keeps the old ones. Holds what
+    main already serves; not seen failing (a server that ignored `kind` would serve the inflight sampler its first
+    version, which the second assertion reads)."""
+    training = smol.client().create_lora_training_client(base_model=BASE, rank=8, seed=4).result()
+    text = training.get_tokenizer().encode("Rome is the capital of Italy.", add_special_tokens=False)
+    scored = types.ModelInput.from_ints(text)
+    snapshot = training.save_weights_and_get_sampling_client().result()
+    inflight = training.save_weights_and_get_sampling_client(kind="inflight").result()
+    before = np.asarray(inflight.compute_logprobs(scored).result()[1:])
+    training.forward_backward([datum(text, weights=[1.0] * (len(text) - 1))], "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    newer = training.save_weights_and_get_sampling_client(kind="inflight").result()
+    followed = np.asarray(inflight.compute_logprobs(scored).result()[1:])
+    newest = np.asarray(newer.compute_logprobs(scored).result()[1:])
+    kept = np.asarray(snapshot.compute_logprobs(scored).result()[1:])
+    moved = float(np.max(np.abs(newest - before)))
+    print(f"\ninflight vs newest {np.max(np.abs(followed - newest)):.2e}; snapshot vs before "
+          f"{np.max(np.abs(kept - before)):.2e}; the step moved {moved:.2e}")
+    assert moved > 1e-2, f"vacuous: the step did not move the logprobs ({moved:.2e})"
+    assert np.max(np.abs(followed - newest)) <= SAME, "the inflight sampler did not follow its client's newest weights"
+    assert np.max(np.abs(kept - before)) <= SAME, "the snapshot sampler moved with the inflight saves"
+
+
 def test_two_clients_train_at_once_and_leave_each_others_weights_and_samplers_alone(smol):
     """Client b trains (and publishes new sampler versions) while client a runs forwards: a's LoRA comes out of it
     bit-identical, and a's sampler answers the same seeded request with the same tokens; its logprobs agree to
@@ -679,6 +705,26 @@ def test_publish_flag_weights_info_training_runs_and_sessions_round_trip(smol):
     assert session_id in rest.list_sessions(limit=1000).result().sessions
 
 
+def cookbook(server, cwd: Path, *argv: str, timeout_s: float = 1200) -> subprocess.CompletedProcess:
+    """`argv` run by the cookbook env's Python (built once, as scripts/tinker_cookbook.sh does) in `cwd`, as a client
+    of `server` on another machine would run it: the server's URL and key, the tokenizer from setup's offline
+    Hugging Face cache, the Hub offline."""
+    from tinker_server import client_env
+
+    build = subprocess.run(["bash", "-c", 'source scripts/env_lib.sh && build_env tinker-cookbook'], cwd=ROOT,
+                           capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, f"the cookbook's env did not build:\n{build.stderr[-3000:]}"
+    python = Path(build.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env |= client_env(cwd / "hf-home") | {"TINKER_BASE_URL": server.base_url, "TINKER_API_KEY": server.api_key,
+                                          "TINKER_TELEMETRY": "0", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([str(python), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def metric_rows(log: Path) -> list[dict]:
+    return [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, tmp_path):
     """tinker-cookbook 0.5.8's `supervised.train.main`, unmodified (examples/tinker/cookbook_sft.py gives it only the
     cookbook's own conversation-file dataset), on examples/tinker/sft_conversations.jsonl with 4 conversations held out:
@@ -687,25 +733,11 @@ def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, 
     and the held-out NLL falls, and its final checkpoint is the server's. Fails on the old main: it refused the
     model's Hugging Face id as base_model, and the alias or folder it did take resolves to no tokenizer on a client
     elsewhere."""
-    import json
-    import os
-    import subprocess
-
-    from tinker_server import client_env
-
-    build = subprocess.run(["bash", "-c", 'source scripts/env_lib.sh && build_env tinker-cookbook'], cwd=ROOT,
-                           capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, f"the cookbook's env did not build:\n{build.stderr[-3000:]}"
-    python = Path(build.stdout.strip().splitlines()[-1]) / "bin" / "python"
     log = tmp_path / "sft"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VIRTUAL_ENV", "PYTHONPATH"))}
-    env |= client_env(tmp_path / "hf-home") | {"TINKER_BASE_URL": smol.base_url, "TINKER_API_KEY": smol.api_key,
-                                                 "TINKER_TELEMETRY": "0"}
-    run = subprocess.run([str(python), str(ROOT / "examples" / "tinker" / "cookbook_sft.py"), f"model_name={HF_ID}",
-                          f"data_path={ROOT / 'examples' / 'tinker' / 'sft_conversations.jsonl'}", f"log_path={log}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    run = cookbook(smol, tmp_path, str(ROOT / "examples" / "tinker" / "cookbook_sft.py"), f"model_name={HF_ID}",
+                   f"data_path={ROOT / 'examples' / 'tinker' / 'sft_conversations.jsonl'}", f"log_path={log}")
     assert run.returncode == 0, f"the cookbook's supervised.train failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(log)
     nll = [(row["step"], next(v for k, v in row.items() if k.startswith("test/") and k.endswith("/nll")))
            for row in rows if any(k.startswith("test/") and k.endswith("/nll") for k in row)]
     print(f"\ncookbook supervised.train: {len(rows)} metric rows; held-out NLL by step {nll}")
@@ -713,3 +745,92 @@ def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, 
     assert nll[-1][1] < nll[0][1], f"the held-out NLL did not fall: {nll}"
     final = [json.loads(line) for line in (log / "checkpoints.jsonl").read_text().splitlines()]
     assert final and final[-1]["state_path"].startswith("tinker://"), final
+
+
+# tinker-cookbook 0.5.8's recipes/rl_numerics_check/README.md: kl_sample_train_v1 of healthy runs is about 0.0002 for
+# dense models and 0.001-0.002 for MoE ones; a sampler/trainer mismatch bug showed 0.02-0.16.
+HEALTHY_KL_SAMPLE_TRAIN = 0.002
+
+
+def test_the_cookbooks_rl_train_runs_unmodified_on_its_arithmetic_env(smol, tmp_path):
+    """tinker-cookbook 0.5.8's `recipes/math_rl/train.py` (`rl.train.main`), unmodified, on its own synthetic
+    arithmetic environment (`env=arithmetic`): 2 steps of 2 groups of 4 on this server's model. It finishes, logs a
+    reward every step, and the sampler/trainer logprob gap it measures (`optim/kl_sample_train_v1`) is within what
+    its rl_numerics_check README calls healthy (HEALTHY_KL_SAMPLE_TRAIN; here about 1e-5). Guards what main already
+    serves (one model name, sampler versions, the loss); not seen failing."""
+    log = tmp_path / "rl"
+    run = cookbook(smol, tmp_path, "-m", "tinker_cookbook.recipes.math_rl.train", f"model_name={HF_ID}",
+                   "env=arithmetic", "renderer_name=qwen3_instruct", "lora_rank=8", "group_size=4",
+                   "groups_per_batch=2", "max_steps=2", "eval_every=0", "save_every=0", f"log_path={log}",
+                   "behavior_if_log_dir_exists=delete")
+    assert run.returncode == 0, f"the cookbook's rl.train failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    rows = metric_rows(log)
+    kl = [row["optim/kl_sample_train_v1"] for row in rows]
+    print(f"\ncookbook math_rl arithmetic: rewards {[row['env/all/reward/total'] for row in rows]}, "
+          f"kl_sample_train_v1 {kl}")
+    assert [row["step"] for row in rows] == [0, 1], rows
+    assert all(abs(k) < HEALTHY_KL_SAMPLE_TRAIN for k in kl), f"sampler and trainer logprobs disagree: {kl}"
+    final = [json.loads(line) for line in (log / "checkpoints.jsonl").read_text().splitlines()]
+    assert final and final[-1]["sampler_path"].startswith("tinker://"), final
+
+
+def test_the_cookbooks_dpo_runs_unmodified_to_its_last_step_with_a_test_split(smol, tmp_path):
+    """tinker-cookbook 0.5.8's `preference.train_dpo.main`, unmodified (examples/tinker/cookbook_dpo.py gives it only
+    the cookbook's own local-file comparison builder), on examples/tinker/dpo_comparisons.jsonl (16 comparisons, 4
+    a step) with dpo_comparisons_test.jsonl held out and scored every 2 steps: it runs to its last step (3), its DPO
+    loss falls from log 2, and its reference sampler (the initial weights) keeps answering after the evaluator's
+    sampler snapshots. Guards the samplers-live-while-used fix already on main (issue 46: this recipe died with "no
+    longer served" once the evaluator's snapshots pushed out its reference sampler); not re-run against the main
+    before that fix."""
+    log = tmp_path / "dpo"
+    data = ROOT / "examples" / "tinker"
+    run = cookbook(smol, tmp_path, str(data / "cookbook_dpo.py"), f"model_name={HF_ID}",
+                   f"train_path={data / 'dpo_comparisons.jsonl'}", f"test_path={data / 'dpo_comparisons_test.jsonl'}",
+                   f"log_path={log}")
+    assert run.returncode == 0, f"the cookbook's train_dpo failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    rows = metric_rows(log)
+    losses = [(row["step"], row["dpo_loss"]) for row in rows if "dpo_loss" in row]
+    tested = [row["step"] for row in rows if "test/nll" in row]
+    print(f"\ncookbook train_dpo: loss by step {losses}; test split scored at steps {tested}")
+    assert [step for step, _ in losses] == [0, 1, 2, 3], rows
+    assert tested == [0, 2, 3], rows
+    assert losses[-1][1] < losses[0][1], f"the DPO loss did not fall: {losses}"
+    final = [json.loads(line) for line in (log / "checkpoints.jsonl").read_text().splitlines()]
+    assert final and final[-1]["state_path"].startswith("tinker://"), final
+
+
+def standin_wikitext(cwd: Path) -> None:
+    """A stand-in for the Hub's WikiText-103 in its dataset's folder layout under `cwd` (the `datasets` library reads
+    a local folder named like the Hub repo before it asks the Hub): this repository's docs/*.md, one line per row of
+    the `text` column. The counting task only needs English text; the real corpus is not on this machine."""
+    folder = cwd / "Salesforce" / "wikitext"
+    (folder / "wikitext-103-raw-v1").mkdir(parents=True)
+    lines = [line for doc in sorted((ROOT / "docs").glob("*.md")) for line in doc.read_text().splitlines() if line]
+    (folder / "wikitext-103-raw-v1" / "train.jsonl").write_text("".join(json.dumps({"text": f" {line} \n"}) + "\n"
+                                                                        for line in lines))
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: wikitext-103-raw-v1\n  data_files:\n"
+                                      "  - split: train\n    path: wikitext-103-raw-v1/train.jsonl\n---\n")
+
+
+def test_the_cookbooks_rl_numerics_check_stops_at_its_own_tokenizer_race(smol, tmp_path):
+    """tinker-cookbook 0.5.8's `recipes/rl_numerics_check`, unmodified, on tiny settings (1-2 pages of 300 characters)
+    and a stand-in corpus (standin_wikitext: its data is WikiText-103 from the Hub). It cannot run here, and this
+    test holds the one-line reason: its MessageEnv renders every episode's prompt in a thread on one shared fast
+    tokenizer, and the cookbook env's tokenizers 0.22.2 raises "RuntimeError: Already borrowed" on concurrent use
+    (huggingface/transformers#47085, fixed in tokenizers 0.23.1, which transformers 5.5.4, the newest tinker-cookbook
+    0.5.8 allows, refuses at import). It dies in the client, after its corpus loaded and its training client and
+    first sampler were made on this server, before its first sample request. When the cookbook env can take
+    tokenizers >= 0.23.1 this test fails: then assert the run finishes with `optim/kl_sample_train_v1` under
+    HEALTHY_KL_SAMPLE_TRAIN instead."""
+    standin_wikitext(tmp_path)
+    run = cookbook(smol, tmp_path, "-m", "tinker_cookbook.recipes.rl_numerics_check.train", f"model_name={HF_ID}",
+                   "renderer_name=qwen3_instruct", "lora_rank=8", "group_size=2", "groups_per_batch=2", "max_steps=2",
+                   "max_tokens=48", "max_trajectory_tokens=900", "task.num_pages_min=1", "task.num_pages_max=2",
+                   "task.page_chars=300", "save_every=0", f"log_path={tmp_path / 'numerics'}",
+                   "behavior_if_log_dir_exists=delete", timeout_s=600)
+    why = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+    print(f"\ncookbook rl_numerics_check: exit {run.returncode}: {why}")
+    assert "Loaded WikiText-103 corpus" in run.stdout + run.stderr, run.stderr[-3000:]
+    assert run.returncode != 0 and why == "RuntimeError: Already borrowed", (
+        f"rl_numerics_check no longer stops at the tokenizer race (exit {run.returncode}); assert its tolerance "
+        f"instead:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")

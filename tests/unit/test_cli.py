@@ -52,3 +52,19 @@ def test_tinker_on_a_port_in_use_says_so_at_once_and_starts_nothing(tmp_path):
                      "--port 0 for any free one"], proc.stderr[-2000:]
     assert "Ray" not in proc.stdout, proc.stdout[-2000:]
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml"]
+
+
+def test_tinker_on_sglang_jax_names_what_the_engine_lacks_and_starts_nothing(tmp_path):
+    """`aha tinker rollout.backend.kind=sglang_jax`: exit 2 with one line naming what SGLang-JAX lacks for the service
+    (one merged LoRA at a time, no prompt or top-k logprobs) and the fix, before any part starts (no run dir, no
+    Ray). Fails on main at fe1415a (two "unknown key" lines about the config's vLLM keys, each "did you mean" itself,
+    and nothing about the engine)."""
+    proc = aha("tinker", "--config", "configs/tinker_smollm2_cpu.yaml", "--run-dir", str(tmp_path / "run"),
+               "rollout.backend.kind=sglang_jax")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tinker: rollout.backend.kind (sglang_jax): "), proc.stderr[-2000:]
+    for lacks in ("one LoRA merged into the base weights at a time", "no prompt or top-k logprobs",
+                  "rollout.backend.kind: vllm"):
+        assert lacks in lines[0], (lacks, lines[0])
+    assert not (tmp_path / "run").exists() and "Ray" not in proc.stdout, proc.stdout[-2000:]
