@@ -181,7 +181,11 @@ class Rollout:
         """Stop serving adapter `name` (a name not served is a no-op); a request naming it is then refused."""
         import ray
 
-        ray.get(self.actor.unserve.remote(name))
+        try:
+            ray.get(self.actor.unserve.remote(name))
+        except ray.exceptions.RayTaskError:
+            if not self._recover():  # a server that died meanwhile is restarted without it: nothing left to unload
+                raise
 
     def metrics(self) -> dict[str, float]:
         """Per-replica figures; one server has none beyond the step's own (`RolloutFleet.metrics` has them)."""
