@@ -8,8 +8,9 @@ One run, one server (SmolLM2 behind a real `RolloutServer` Ray actor). Prints:
   busy machine slows both alike (target >= 0.97);
 - tokens/s with a rank-16 adapter / tokens/s of the base model at the demo's shape (the demo config's first 4
   prompts through its chat template, n=8, T=0.7, 32 tokens each), alternating rounds (target >= 0.8);
-- the LoRA push pause, median of `--pushes`: push_lora (Ray transfer + adapter write + load + unload of the
-  previous version), then push-to-first-sample: from the end of the push to the first sample of the new version.
+- the LoRA push pause, median of `--pushes`: the push, as the training loop makes it (serve the new version: Ray
+  transfer + adapter write + load; unserve the previous one), then push-to-first-sample: from the end of the push
+  to the first sample of the new version.
 
     .venv/bin/python bench/bench_rollout.py                  # 8 prompts x n=8 x 128 tokens, SmolLM2
     .venv/bin/python bench/bench_rollout.py --model tiny-llama --rounds 1 --pushes 3
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from common.model_cache import SMOLLM2, model_dir  # noqa: E402
 from rollout.config import RolloutConfig, VllmConfig  # noqa: E402
 from rollout.handle import Rollout  # noqa: E402
+from common.lora_adapter import LoraAdapter  # noqa: E402
 from common.peft_adapter import random_peft_adapter  # noqa: E402
 from common.sampling import SamplingParams  # noqa: E402
 
@@ -51,9 +53,9 @@ print("AHA_RESULT " + json.dumps({k: result[k] for k in ("output_throughput", "t
                                                          "completed", "failed")}))
 """
 
-def random_adapter(path: Path, rank: int, seed: int) -> tuple[dict[str, np.ndarray], dict]:
+def random_adapter(path: Path, rank: int, seed: int, name: str) -> LoraAdapter:
     """Small random PEFT LoRA tensors for every projection (a plausible update), via common.peft_adapter."""
-    return random_peft_adapter(path, rank, seed, scale=0.02)
+    return LoraAdapter(name, *random_peft_adapter(path, rank, seed, scale=0.02))
 
 
 def ours(rollout: Rollout, prompts: list[list[int]], params: SamplingParams) -> float:
@@ -95,19 +97,18 @@ def demo_prompts(path: Path, count: int) -> list[list[int]]:
 
 
 def adapter_vs_base(rollout: Rollout, path: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
-    """(adapter tokens/s, base tokens/s) per round at the demo's shape; the adapter is pushed as version 1."""
+    """(adapter tokens/s, base tokens/s) per round at the demo's shape; the adapter is served as policy-v0."""
     prompts = demo_prompts(path, 4)
     params = SamplingParams(n=8, temperature=0.7, max_tokens=32, ignore_eos=True)
-    rollout.push_lora(1, *random_adapter(path, args.rank, seed=0))
+    rollout.serve(random_adapter(path, args.rank, seed=0, name="policy-v0"))
     rows = []
     for r in range(args.rounds):
         rates = {}
         for which in ("adapter", "base"):
-            rollout.version = 1 if which == "adapter" else None  # requests name policy-v1, or the base model
             t0 = time.perf_counter()
-            groups = rollout.generate(prompts, params, seeds=list(range(len(prompts))))
+            groups = rollout.generate(prompts, params, seeds=list(range(len(prompts))),
+                                      adapter="policy-v0" if which == "adapter" else None)
             rates[which] = sum(len(c.token_ids) for g in groups for c in g) / (time.perf_counter() - t0)
-        rollout.version = 1
         rows.append((rates["adapter"], rates["base"]))
         print(f"round {r + 1}: adapter {rates['adapter']:.1f} tok/s, base {rates['base']:.1f} tok/s, "
               f"ratio {rates['adapter'] / rates['base']:.3f}", flush=True)
@@ -115,21 +116,24 @@ def adapter_vs_base(rollout: Rollout, path: Path, args: argparse.Namespace) -> l
 
 
 def push_pauses(rollout: Rollout, path: Path, args: argparse.Namespace, prompt: list[int]):
-    """(push_lora s, first-request s, control s) for each of args.pushes new versions.
+    """(push s, first-request s, control s) for each of args.pushes new versions (after policy-v0).
 
     The control is the same request with another prompt of the same length right after, on the now active
     adapter: what a first sample costs anyway (its prefill), so first - control is what the push leaves to wait."""
     first = SamplingParams(temperature=0.0, max_tokens=1)
     rng = np.random.default_rng(1)
     rows = []
-    for version in range(rollout.version + 1 if rollout.version else 1, args.pushes + 1 + (rollout.version or 0)):
-        tensors, config = random_adapter(path, args.rank, seed=version)
-        push_s = rollout.push_lora(version, tensors, config)
+    for version in range(1, args.pushes + 1):
+        adapter = random_adapter(path, args.rank, seed=version, name=f"policy-v{version}")
         t0 = time.perf_counter()
-        [[c]] = rollout.generate([prompt], first)
+        rollout.serve(adapter)
+        rollout.unserve(f"policy-v{version - 1}")
+        push_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        [[c]] = rollout.generate([prompt], first, adapter=adapter.name)
         t1 = time.perf_counter()
-        assert c.adapter_version == version
-        rollout.generate([[int(t) for t in rng.integers(100, 40000, size=len(prompt))]], first)
+        assert c.adapter == adapter.name
+        rollout.generate([[int(t) for t in rng.integers(100, 40000, size=len(prompt))]], first, adapter=adapter.name)
         rows.append((push_s, t1 - t0, time.perf_counter() - t1))
     return rows
 
@@ -183,8 +187,8 @@ def main() -> None:
           f"tok/s, demo shape; target >= 0.8)")
     push, first, control = (statistics.median(x) for x in zip(*pauses))
     total = statistics.median(s + f for s, f, _ in pauses)
-    print(f"LoRA push pause (rank {args.rank}, median of {args.pushes}): {total * 1000:.0f} ms = push_lora "
-          f"{push * 1000:.0f} ms (Ray transfer + write + load + unload previous) + push-to-first-sample "
+    print(f"LoRA push pause (rank {args.rank}, median of {args.pushes}): {total * 1000:.0f} ms = push "
+          f"{push * 1000:.0f} ms (serve: Ray transfer + write + load; unserve previous) + push-to-first-sample "
           f"{first * 1000:.0f} ms (target <= 200 ms; the same request on the active adapter: {control * 1000:.0f} ms)")
 
 

@@ -144,8 +144,8 @@ class Completion:
     model turn (what the rewards score)."""
     finish_reason: str
     """"stop" (eos, stop string or stop token) or "length" (max_tokens)."""
-    adapter_version: int | None = None
-    """LoRA version that produced it; None = base model."""
+    adapter: str | None = None
+    """The served name of the LoRA adapter that produced it (common/lora_adapter.py); None = the base model."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine detail not needed by the learner (e.g. stop_reason, top logprobs)."""
     mask: list[int] | None = None

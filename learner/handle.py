@@ -2,7 +2,7 @@
 
 The primitives are the Tinker API's, so the GRPO loop and a training service drive the same learner code:
 `forward_backward(batch, loss)` adds a loss's gradient, `forward` computes it without one, `optim_step()` applies
-it, `save_for_sampler()` gives the adapter the engines load next, `save_state` / `load_state` keep a service's
+it, `save_for_sampler()` gives the `LoraAdapter` the engines serve next, `save_state` / `load_state` keep a service's
 adapter; `save` / `restore` / `export` keep and hand out the run's LoRA. Each is the Learner method of the same
 name, run in the actor by its one generic `call` (learner/actor.py). Behind the handle is one
 LearnerActor or, with `learner.hosts > 1`, a group of them (learner/group.py); the caller cannot tell. Calls that
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import numpy as np
 import ray
 
+from common.lora_adapter import LoraAdapter
 from learner.adapter_api import POLICY, AdamParams
 from learner.config import LearnerConfig, LoraConfig
 from learner.group import LearnerGroup, LearnerProcessLost, start_learner
@@ -102,9 +102,9 @@ class LearnerHandle:
         """Apply the gradient held for `adapter` (after every forward_backward submitted before it)."""
         return self._call("optim_step", adapter, adam, what="the optimizer step")
 
-    def save_for_sampler(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The LoRA as PEFT tensors and adapter_config: what the engines load as its next version."""
-        return self._call("save_for_sampler", adapter, what="the LoRA export").result()
+    def save_for_sampler(self, adapter: str = POLICY, name: str | None = None) -> LoraAdapter:
+        """The LoRA as a `LoraAdapter` named `name` (default: the adapter's own): what the engines serve next."""
+        return self._call("save_for_sampler", adapter, name, what="the LoRA export").result()
 
     # ---- adapters a training service adds ---------------------------------------------------------------
     def add_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> Pending[None]:

@@ -14,8 +14,8 @@ splits a step into mini-batches and epochs of forward_backward + optim_step call
 2. add each micro-batch's gradient to the held one; with `old` (a step of several updates: the logprobs `forward`
    gave before its first) the PPO ratio is taken against those, else it is 1 (on-policy);
 3. metrics as token-weighted means over the batch.
-Nothing is applied before `optim_step`. The adapter leaves as PEFT tensors (`save_for_sampler`) or a PEFT folder
-(`export`).
+Nothing is applied before `optim_step`. The adapter leaves as a `LoraAdapter` (`save_for_sampler`: PEFT tensors under
+the name the engines serve it by) or a PEFT folder (`export`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from learner.shared_prompts import Layout, layout, put_shared, shared_prompts
 from learner.token_batch import TokenBatch
 from learner.tenant_stack import pass_rank, stack, stackable, stacked_parts
 from learner.token_step import tenant_forward_backward, token_forward_backward
-from common.peft_adapter import write_adapter
+from common.lora_adapter import LoraAdapter
 from common.storage import write_folder
 
 log = logging.getLogger(__name__)
@@ -336,18 +336,19 @@ class Learner:
         return np.asarray(self._logits_fn(self.params, self._parts.base, tokens, valid))
 
     # ---- adapter out ---------------------------------------------------------------------------------------
-    def save_for_sampler(self, adapter: str = POLICY) -> tuple[dict[str, np.ndarray], dict]:
-        """An adapter's LoRA weights as numpy arrays with PEFT names ([r, in] / [out, r]) and its adapter_config."""
+    def save_for_sampler(self, adapter: str = POLICY, name: str | None = None) -> LoraAdapter:
+        """An adapter's LoRA weights (numpy, PEFT names, [r, in] / [out, r]) and adapter_config, to be served as
+        `name` (default: the adapter's own name)."""
         a = self._adapter(adapter)
         # The weights are sharded over the mesh, which may span processes: gathering them is then a collective.
         tensors = peft_tensors(tree_to_host(a.params), a.lora.rank)
-        return tensors, adapter_config(a.lora, str(self.model_path))
+        return LoraAdapter(name or adapter, tensors, adapter_config(a.lora, str(self.model_path)))
 
     def export(self, out_dir: str | Path, adapter: str = POLICY) -> str:
         """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) that vLLM and peft load; `out_dir`
         may be a storage URI (gs://...), where every host can read it."""
-        tensors, config = self.save_for_sampler(adapter)
-        return write_folder(out_dir, lambda local: write_adapter(local, tensors, config))
+        lora = self.save_for_sampler(adapter)
+        return write_folder(out_dir, lora.write)
 
     # ---- the adapters a service adds ------------------------------------------------------------------------
     def add_adapter(self, name: str, lora: LoraConfig, seed: int = 0) -> None:

@@ -1,6 +1,6 @@
 """Scoring a policy on held-out prompts: the in-loop eval every `eval.every` steps, and `aha eval`'s scoring.
 
-The in-loop eval runs through the training engine (the adapter the loop pushed is the one on the server), so no
+The in-loop eval runs through the training engine (it names the policy version the loop serves there), so no
 second server and no adapter copy: the cost is `eval.prompts x eval.k` samples of generation. The eval set
 (tasks/heldout.py) and the scoring are the ones `aha eval` uses, so the per-step curve and the final
 base-vs-trained numbers measure the same thing. Called once at the end of a step, after its metrics are logged.
@@ -100,8 +100,10 @@ class PolicyScores:
 
 def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None, environment=None, limits=None,
-                 on_sent: Callable[[], None] | None = None, schedule: Schedule | None = None) -> PolicyScores:
-    """Generate params.n samples per prompt with the adapter now on the server and score them; with an
+                 on_sent: Callable[[], None] | None = None, schedule: Schedule | None = None,
+                 adapter: str | None = None) -> PolicyScores:
+    """Generate params.n samples per prompt from the served adapter `adapter` (None: the base model) and score
+    them; with an
     `environment` (and its episode `limits`), each sample is an episode (tasks/episodes.py), its
     environment's reward logged as `env` (and "solved" when no task reward is configured).
 
@@ -121,7 +123,7 @@ def score_policy(rollout, renderer, rewards, prompts: Sequence[Prompt], params: 
         seeds = None if schedule.seeds is None else schedule.seeds[start : start + len(chunk)]
         sent = whole_batch(params, uuid.uuid4().hex, len(chunk)) if schedule.whole else params
         drawn = sample_groups(rollout, renderer, chunk, sent, environment=environment, limits=limits, seeds=seeds,
-                              on_sent=on_sent)
+                              on_sent=on_sent, adapter=adapter)
         groups += drawn.completions
         texts += drawn.texts
         answers += drawn.answers
@@ -172,10 +174,10 @@ def is_eval_step(cfg: RunConfig, step: int) -> bool:
     return every > 0 and (step % every == 0 or step == cfg.train.steps)
 
 
-def maybe_eval(cfg: RunConfig, parts: Parts, step: int,
-               on_sent: Callable[[], None] | None = None) -> dict[str, float] | None:
-    """If `step` is an eval step, score the held-out prompts with the current adapter, log and return the metrics
-    (`on_sent`: the loop's eval phase fault point)."""
+def maybe_eval(cfg: RunConfig, parts: Parts, step: int, on_sent: Callable[[], None] | None = None,
+               adapter: str | None = None) -> dict[str, float] | None:
+    """If `step` is an eval step, score the held-out prompts with the served adapter `adapter` (the policy after
+    `step`; None: the base model), log and return the metrics (`on_sent`: the loop's eval phase fault point)."""
     if not is_eval_step(cfg, step):
         return None
     t0 = time.perf_counter()
@@ -184,7 +186,7 @@ def maybe_eval(cfg: RunConfig, parts: Parts, step: int,
     prompts = held_out(cfg, parts)
     scores = score_policy(parts.rollout, parts.renderer, parts.rewards, prompts, params,
                           environment=parts.environment, limits=run_limits(cfg), on_sent=on_sent,
-                          schedule=eval_schedule(cfg, len(prompts)))
+                          schedule=eval_schedule(cfg, len(prompts)), adapter=adapter)
     metrics: dict[str, float] = {"eval/reward": float(scores.totals.mean()),
                                  "eval/completion_len_mean": float(scores.lengths.mean())}
     if scores.solved is not None:

@@ -49,7 +49,7 @@ PHASES = ("generate", "refill", "score", "learn", "push", "save", "between", "ev
 ACTIONS = ("sigint", "sigterm", "sigint_blocked", "sigterm_blocked", "kill_engine", "kill_learner", "kill_node",
            "hold")
 # The loop's function a phase's blocking Ray call is made from (orchestration/loop.py), for the *_blocked actions.
-BLOCKING_CALLER = {"learn": "collect", "push": "push_lora", "save": "save_checkpoint"}
+BLOCKING_CALLER = {"learn": "collect", "push": "serve", "save": "save_checkpoint"}
 # Where the main thread waits while a phase's work is in flight (`hold`): its caller, and what a hold stops.
 WAITING_IN = {"generate": "sample_groups", "refill": "sample_groups", "eval": "sample_groups", "score": "score",
               **BLOCKING_CALLER}

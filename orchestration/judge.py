@@ -57,7 +57,7 @@ class EngineJudge:
                        f"max_model_len ({self.max_model_len}); shorten the template or raise max_model_len")
             for x in ids]
         if fits:
-            groups = self.rollout.generate([ids[i] for i in fits], params, base_model=True,
+            groups = self.rollout.generate([ids[i] for i in fits], params,
                                            seeds=[seeds[i] for i in fits] if self.seeds else None)
             for i, [reply] in zip(fits, groups):
                 out[i] = JudgeReply(reply.text, len(ids[i]), len(reply.token_ids))

@@ -3,12 +3,13 @@
 What GRPO means here: each step draws `train.prompts_per_step` prompts, the engine samples `rollout.sampling.n`
 completions of each with the current LoRA adapter, the rewards score them, and the learner turns each group's
 rewards into group-relative advantages and takes a clipped policy-gradient step on the LoRA weights
-(importance-corrected against the engine's own logprobs). The new adapter is pushed to the engines under a new
-version name before the next generation, so every sample records which policy made it.
+(importance-corrected against the engine's own logprobs). The new adapter is served to the engines under the
+version's name (`policy-v{step}`) before the next generation, whose requests name it, so every sample records which
+policy made it.
 
 The learner is driven through its handle's primitives, the Tinker API's: forward_backward(batch, "grpo") and
 optim_step() for each update of the step (orchestration/update.py turns the rewards into advantages and the
-step into updates), save_for_sampler(); the engines through the rollout handle's generate and push_lora. Neither handle
+step into updates), save_for_sampler(); the engines through the rollout handle's generate, serve and unserve. Neither handle
 says how many processes or replicas stand behind it, and this module imports no Ray.
 
 With an `environment:`, a sample is a multi-turn episode instead of one completion (tasks/episodes.py), of the
@@ -33,6 +34,8 @@ from collections import deque
 
 import numpy as np
 
+from common.lora_adapter import version_name
+from learner.adapter_api import POLICY
 from learner.sampling import SamplingTransform, model_eos_ids
 from orchestration.config.schema import RunConfig
 from orchestration.console import CONSOLE
@@ -53,23 +56,23 @@ log = logging.getLogger(__name__)
 
 
 def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook = NO_FAULTS) -> None:
-    """Run steps state.step+1 .. cfg.train.steps. The adapter on the engines is version `state.step` on entry."""
+    """Run steps state.step+1 .. cfg.train.steps. The engines serve `policy_name(state.step)` on entry."""
     phases = Phases(state, fault)
     first_step = state.step + 1
     ahead: deque[StepBatch] = deque()  # async: batches generated ahead, oldest first
     for step in range(first_step, cfg.train.steps + 1):
         t_step = time.perf_counter()
         # 1-3. sample prompts, generate, score (timing/generate, reward/<name>); async: generated during learn(k-1)
-        batch = ahead.popleft() if ahead else generate_and_score(cfg, parts, step, phases)
+        batch = ahead.popleft() if ahead else generate_and_score(cfg, parts, step, phases, state.step)
         # 4-5. advantages, forward_backward + optim_step (timing/learn); async: the next steps generate meanwhile
         with phases.enter("learn", step) as learn:
             submit_update(cfg, parts, state, batch)
             learn.fault()
             if cfg.train.mode == "async":
-                generate_ahead(cfg, parts, ahead, step, phases)
+                generate_ahead(cfg, parts, ahead, step, phases, state.step)
             collect(state)
         check_engine_agreement(cfg, step - first_step + 1, state.row)  # stop before training on a wrong model
-        # 6. save_for_sampler + push_lora (timing/sync)
+        # 6. save_for_sampler + serve (timing/sync)
         with phases.enter("push", step) as push:
             push_adapter(parts, push, state)
         # 7. log, maybe eval, maybe save
@@ -78,7 +81,7 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
         state.write_row(parts.metrics)
         log_samples(parts.run_dir, batch)
         with phases.enter("eval", step) as evaluation:  # its fault: once the eval's requests are out
-            maybe_eval(cfg, parts, step, on_sent=evaluation.fault)
+            maybe_eval(cfg, parts, step, on_sent=evaluation.fault, adapter=policy_name(step))
         if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
             save_checkpoint(parts, state, phases)
             log.info("checkpoint saved at step %d", step, extra=CONSOLE)
@@ -86,15 +89,21 @@ def train_loop(cfg: RunConfig, parts: Parts, state: LoopState, fault: FaultHook 
             between.fault()
 
 
+def policy_name(step: int) -> str | None:
+    """The served name of the policy after `step` updates ("policy-v{step}"); None at step 0: the base model."""
+    return version_name(POLICY, step) if step else None
+
+
 # ---- 1-3: draw, generate, score ---------------------------------------------------------------------------------
-def generate_and_score(cfg: RunConfig, parts: Parts, step: int, phases: Phases) -> StepBatch:
-    """Sample prompts, generate n completions (or episodes) each, score them; with train.dynamic_sampling, draw
-    more until the batch holds enough groups whose rewards vary (orchestration/dynamic_sampling.py)."""
+def generate_and_score(cfg: RunConfig, parts: Parts, step: int, phases: Phases, policy_step: int) -> StepBatch:
+    """Sample prompts, generate n completions (or episodes) each from the policy after `policy_step` updates, score
+    them; with train.dynamic_sampling, draw more until the batch holds enough groups whose rewards vary
+    (orchestration/dynamic_sampling.py)."""
     stream_state = parts.stream.state_dict()
     quota, dynamic = cfg.train.prompts_per_step, cfg.train.dynamic_sampling
 
     def draw(count: int, first: int) -> Drawn:
-        return draw_groups(cfg, parts, step, count, first, phases)
+        return draw_groups(cfg, parts, step, count, first, phases, policy_name(policy_step))
 
     if dynamic.enabled:
         drawn, kept, extra = fill_batch(draw, quota, dynamic.max_draws, step)
@@ -103,19 +112,20 @@ def generate_and_score(cfg: RunConfig, parts: Parts, step: int, phases: Phases) 
     picked = drawn.take(kept)
     metrics = {**draw_metrics(drawn), **extra, **parts.rollout.metrics()}  # per replica when rollout.replicas > 1
     return StepBatch(step, picked.prompts, picked.prompt_ids, picked.completions, stream_state,
-                     parts.stream.state_dict(), metrics, picked.totals, picked.texts)
+                     parts.stream.state_dict(), metrics, picked.totals, picked.texts, policy_step)
 
 
-def draw_groups(cfg: RunConfig, parts: Parts, step: int, count: int, first: int, phases: Phases) -> Drawn:
-    """Draw `count` prompts, generate n completions (or episodes) each (request seeds from prompt index `first`),
-    score them. A refill draw's generation is the phase "refill"."""
+def draw_groups(cfg: RunConfig, parts: Parts, step: int, count: int, first: int, phases: Phases,
+                policy: str | None) -> Drawn:
+    """Draw `count` prompts, generate n completions (or episodes) each from the served adapter `policy` (request
+    seeds from prompt index `first`), score them. A refill draw's generation is the phase "refill"."""
     prompts = parts.stream.next_batch(count)
     events_before = len(parts.rollout.events)
     with phases.enter("generate" if first == 0 else "refill", step) as gen:  # its fault: once requests are out
         drawn = sample_groups(parts.rollout, parts.renderer, prompts, cfg.rollout.sampling,
                               environment=parts.environment, limits=run_limits(cfg),
                               seeds=request_seeds(cfg, step, len(prompts), first), on_sent=gen.fault,
-                              concurrency=cfg.rollout.client.max_concurrency)
+                              concurrency=cfg.rollout.client.max_concurrency, adapter=policy)
     prompt_ids, texts, completions, answers = drawn.prompt_ids, drawn.texts, drawn.completions, drawn.answers
     for event in parts.rollout.events[events_before:]:
         log.warning("rollout event at step %d: %s", step, event)
@@ -145,11 +155,12 @@ def request_seeds(cfg: RunConfig, step: int, count: int, first: int = 0) -> list
             for i in range(first, first + count)]
 
 
-def generate_ahead(cfg: RunConfig, parts: Parts, ahead: deque, step: int, phases: Phases) -> None:
-    """Async: generate the batches of steps step+1 .. step+max_staleness not generated yet (adapter step-1)."""
+def generate_ahead(cfg: RunConfig, parts: Parts, ahead: deque, step: int, phases: Phases, policy_step: int) -> None:
+    """Async: generate the batches of steps step+1 .. step+max_staleness not generated yet, from the policy the
+    engines serve (after `policy_step` = step-1 updates)."""
     nxt = step + 1 + len(ahead)
     while len(ahead) < cfg.train.max_staleness and nxt <= cfg.train.steps:
-        ahead.append(generate_and_score(cfg, parts, nxt, phases))
+        ahead.append(generate_and_score(cfg, parts, nxt, phases, policy_step))
         nxt += 1
 
 
@@ -177,9 +188,9 @@ def scored_samples(cfg: RunConfig, batch: StepBatch) -> ScoredSamples:
 def submit_update(cfg: RunConfig, parts: Parts, state: LoopState, batch: StepBatch) -> None:
     """The step's advantages, then its forward_backward + optim_step calls, all in flight in the learner; the
     batch's staleness noted."""
-    version = state.step  # one learner update per step, so the adapter's version is the last learned step
-    staleness = [version - (c.adapter_version or 0) for g in batch.completions for c in g]
-    batch.metrics.update({"async/staleness_mean": float(np.mean(staleness)), "async/staleness_max": max(staleness)})
+    # one learner update per step, so the policy's version is the last learned step
+    staleness = state.step - batch.policy_step
+    batch.metrics.update({"async/staleness_mean": float(staleness), "async/staleness_max": staleness})
     plan = plan_update(cfg.learner.grpo, scored_samples(cfg, batch))
     state.in_flight = InFlight(batch.step, plan, update_calls(parts.learner, plan), batch.stream_after,
                                batch.metrics)
@@ -194,11 +205,16 @@ def collect(state: LoopState) -> None:
 
 # ---- 6-7: push, log, save -----------------------------------------------------------------------------------------
 def push_adapter(parts: Parts, push: Phase, state: LoopState) -> None:
-    """Ship the learner's LoRA to the engines as adapter version `push.step`; the push's figures join the row."""
+    """Serve the learner's LoRA to the engines as `policy_name(push.step)` and take the previous version off; the
+    push's figures join the row."""
     events_before = len(parts.rollout.events)
-    tensors, adapter_config = parts.learner.save_for_sampler()
+    adapter = parts.learner.save_for_sampler(name=policy_name(push.step))
     push.fault()
-    pause = parts.rollout.push_lora(push.step, tensors, adapter_config)
+    t0 = time.perf_counter()
+    parts.rollout.serve(adapter)
+    if (previous := policy_name(push.step - 1)) is not None:
+        parts.rollout.unserve(previous)
+    pause = time.perf_counter() - t0
     # rollout/restarts: the step's generation counted its own; a server that died in the push counts here.
     restarts = state.row.get("rollout/restarts", 0) + len(parts.rollout.events) - events_before
     state.add({"timing/push_pause": pause, "rollout/adapter_version": push.step, "rollout/restarts": restarts})

@@ -2,9 +2,9 @@
 point in each where a test's fault lands (orchestration/faults.py).
 
     with phases.enter("push", step) as push:
-        adapter = learner.save_for_sampler()
+        adapter = learner.save_for_sampler(name=f"policy-v{step}")
         push.fault()                       # the LoRA is exported, not yet on the engines
-        rollout.push_lora(step, *adapter)
+        rollout.serve(adapter)
     push.seconds
 
 A phase entered inside another (async generation ahead inside "learn") hands the run's place back to the outer one

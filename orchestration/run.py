@@ -29,7 +29,7 @@ from tasks import PromptStream
 from orchestration.update import EngineMismatchError
 from orchestration.faults import FaultHook
 from orchestration.judge import setup_judge
-from orchestration.loop import save_checkpoint, train_loop
+from orchestration.loop import policy_name, save_checkpoint, train_loop
 from orchestration.metrics import read_metrics, setup_metrics
 from orchestration.run_dir import CHECKPOINTS, RunDir, RunDirError, check_shared
 from orchestration.state import LoopState, Parts
@@ -94,14 +94,15 @@ def loop_state(parts: Parts, step: int, extra: dict) -> LoopState:
 
 
 def serve_restored_policy(parts: Parts, step: int) -> dict | None:
-    """A fresh engine serves the base model: push the restored adapter before the first generation. Returns what
-    was restored (the step and the LoRA's checksum, which summary.json keeps), None for a new run."""
+    """A fresh engine serves the base model: serve the restored adapter (as `policy_name(step)`) before the first
+    generation. Returns what was restored (the step and the LoRA's checksum, which summary.json keeps), None for a
+    new run."""
     if step == 0:
         return None
-    tensors, adapter_config = parts.learner.save_for_sampler()
-    restored = {"step": step, "lora_sha256": peft_adapter.checksum(tensors)}
-    parts.rollout.push_lora(step, tensors, adapter_config)
-    log.info("resumed at step %d (adapter version %d pushed; LoRA sha256 %s)", step, step, restored["lora_sha256"],
+    adapter = parts.learner.save_for_sampler(name=policy_name(step))
+    restored = {"step": step, "lora_sha256": peft_adapter.checksum(adapter.tensors)}
+    parts.rollout.serve(adapter)
+    log.info("resumed at step %d (adapter %s served; LoRA sha256 %s)", step, adapter.name, restored["lora_sha256"],
              extra=CONSOLE)
     return restored
 

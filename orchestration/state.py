@@ -46,6 +46,7 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     totals: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # each prompt as the model read it (chat template applied)
+    policy_step: int = 0  # the policy version (learner steps) that generated it; 0: the base model
 
 
 @dataclass

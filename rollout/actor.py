@@ -1,9 +1,10 @@
 """`RolloutServer`: the Ray actor that owns one engine server process (the control plane).
 
-It runs on the node where the engine runs, so a LoRA push needs no shared filesystem: the learner's tensors arrive
-through the Ray object store, are written here as a PEFT adapter in a new folder, and hot-loaded under a new
-versioned name (`policy-v{k}`). The previous version is unloaded first and its folder deleted only then (vLLM
-re-reads a registered adapter's folder after cache eviction; deleting it early kills the server).
+It runs on the node where the engine runs, so serving an adapter needs no shared filesystem: a `LoraAdapter`'s
+tensors arrive through the Ray object store, are written here as a PEFT folder, and hot-loaded under the adapter's
+name. It keeps one map of the adapters it serves, by name; a restarted engine loads every one again. An adapter is
+unloaded first and its folder deleted only then (vLLM re-reads a registered adapter's folder after cache eviction;
+deleting it early kills the server).
 
 Its resources (CPUs, GPUs, the `TPU` resource) are the driver's Ray options for it (the run config's
 `rollout.resources`), so on a TPU VM it takes its own chips. On another node than the driver's, the server binds
@@ -23,21 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from common.lora_adapter import LoraAdapter
 from rollout.backend import setup_backend
 from rollout.config import BackendConfig, RolloutConfig
-from common.peft_adapter import write_adapter
 from rollout.server_process import engine_address
 
 log = logging.getLogger(__name__)
-
-ADAPTER_PREFIX = "policy-v"
-
-
-def adapter_name(version: int) -> str:
-    """The served name of LoRA version k."""
-    return f"{ADAPTER_PREFIX}{version}"
 
 
 class RolloutServer:
@@ -50,8 +42,8 @@ class RolloutServer:
         self.driver_ip = driver_ip
         """Ray node address of the driver that dials this server (None: not under Ray, the same host)."""
         self.max_rank = getattr(cfg, "max_lora_rank", None)
-        self.current: tuple[int, Path] | None = None  # (version, folder) of the adapter in use
-        self.named: dict[str, Path] = {}  # adapters loaded by name beside it (a training service's samplers)
+        self.served: dict[str, Path] = {}  # every adapter the engine serves: its name -> its PEFT folder
+        self._serves = 0  # serves so far: each one's folder is new (see serve)
         atexit.register(self.backend.stop)  # a clean actor exit never leaves the engine running
 
     def start(self) -> str:
@@ -82,13 +74,10 @@ class RolloutServer:
         self.backend.stop()
 
     def restart(self) -> str:
-        """Stop, start, and re-load the current adapter; return the (possibly new) base_url."""
+        """Stop, start, and load every served adapter again; return the (possibly new) base_url."""
         self.backend.stop()
         url = self.backend.start()
-        if self.current is not None:
-            version, folder = self.current
-            self.backend.load_lora(adapter_name(version), folder)
-        for name, folder in self.named.items():
+        for name, folder in self.served.items():
             self.backend.load_lora(name, folder)
         return url
 
@@ -98,48 +87,31 @@ class RolloutServer:
             return None
         why = self.backend.log_excerpt()
         self.restart()
-        version = None if self.current is None else self.current[0]
-        return f"rollout server died and was restarted (adapter version {version} re-loaded); its log:\n{why}"
+        return f"rollout server died and was restarted (adapters {sorted(self.served)} re-loaded); its log:\n{why}"
 
-    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> dict:
-        """Write adapter `version`, load it as policy-v{version}, unload and delete the previous one; timings in s."""
-        if self.current is not None and version <= self.current[0]:
-            raise ValueError(f"push_lora version {version} must be greater than the current {self.current[0]}; "
-                             "count versions up from the learner step")
-        rank = adapter_config.get("r")
-        if self.max_rank is not None and rank is not None and rank > self.max_rank:
-            raise ValueError(f"LoRA rank {rank} exceeds rollout.backend.max_lora_rank ({self.max_rank}); raise it")
+    def serve(self, adapter: LoraAdapter) -> dict:
+        """Write `adapter` as a PEFT folder and load it under its name (one served under that name already is
+        replaced); timings in s. Later requests naming it use these weights."""
+        if self.max_rank is not None and adapter.rank is not None and adapter.rank > self.max_rank:
+            raise ValueError(f"LoRA rank {adapter.rank} of adapter {adapter.name!r} exceeds "
+                             f"rollout.backend.max_lora_rank ({self.max_rank}); raise it")
         t0 = time.perf_counter()
-        folder = self.workdir / "adapters" / adapter_name(version)
-        shutil.rmtree(folder, ignore_errors=True)  # left by a push the server died during; this one replaces it
-        folder = write_adapter(folder, tensors, adapter_config)
+        self.unserve(adapter.name)
+        # A folder of its own for every serve: vLLM keys its prefix cache by adapter name *and path*, so weights
+        # served again under a name must not come from the same path (they would reuse KV of the old ones).
+        self._serves += 1
+        folder = adapter.write(self.workdir / "adapters" / f"{adapter.name}.{self._serves}")
         t1 = time.perf_counter()
-        self.backend.load_lora(adapter_name(version), folder)
+        self.backend.load_lora(adapter.name, folder)
+        self.served[adapter.name] = folder
         t2 = time.perf_counter()
-        previous, self.current = self.current, (version, folder)
-        if previous is not None:
-            self.backend.unload_lora(adapter_name(previous[0]))
-            shutil.rmtree(previous[1], ignore_errors=True)
-        t3 = time.perf_counter()
-        log.info("LoRA v%d loaded (write %.3f s, load %.3f s, unload previous %.3f s)", version, t1 - t0,
-                 t2 - t1, t3 - t2)
-        return {"write_s": t1 - t0, "load_s": t2 - t1, "unload_s": t3 - t2}
+        log.info("adapter %s loaded (write %.3f s, load %.3f s)", adapter.name, t1 - t0, t2 - t1)
+        return {"write_s": t1 - t0, "load_s": t2 - t1}
 
-    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
-        """Serve an adapter under `name` beside the policy's versions (a restart re-loads it too)."""
-        if name.startswith(ADAPTER_PREFIX):
-            raise ValueError(f"adapter name {name!r}: names starting {ADAPTER_PREFIX!r} are the policy's versions")
-        rank = adapter_config.get("r")
-        if self.max_rank is not None and rank is not None and rank > self.max_rank:
-            raise ValueError(f"LoRA rank {rank} exceeds rollout.backend.max_lora_rank ({self.max_rank}); raise it")
-        folder = self.workdir / "adapters" / name
-        shutil.rmtree(folder, ignore_errors=True)
-        self.backend.load_lora(name, write_adapter(folder, tensors, adapter_config))
-        self.named[name] = folder
-
-    def unload_adapter(self, name: str) -> None:
-        """Stop serving `name` and delete its folder (only after the engine has forgotten it: see above)."""
-        folder = self.named.pop(name, None)
+    def unserve(self, name: str) -> None:
+        """Stop serving `name` and delete its folder (only after the engine has forgotten it: see above); a name
+        not served is a no-op."""
+        folder = self.served.pop(name, None)
         if folder is not None:
             self.backend.unload_lora(name)
             shutil.rmtree(folder, ignore_errors=True)

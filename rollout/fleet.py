@@ -1,15 +1,15 @@
 """`RolloutFleet`: N engine replicas behind the methods of one `Rollout` (`rollout.replicas: N`).
 
 Each replica is a plain `Rollout` (its own RolloutServer actor, engine process and resources), so everything a
-single server does (adapter versions, restart of a dead engine with the adapter re-loaded) still holds per
+single server does (adapters served by name, restart of a dead engine with its adapters re-loaded) still holds per
 replica. The fleet adds:
 - spreading: each prompt group (one request carrying its n samples, so they share the prefill and stay on one
   replica) goes to the live replica with the fewest outstanding requests;
-- pushing: a new adapter version goes to every live replica at once, and `push_lora` returns only when all have
-  it, so the next generation never mixes versions;
-- failures: a replica whose request or push fails is taken out, its in-flight groups are retried on the other
-  replicas, and it is rebuilt in the background (new actor, engine started, current adapter pushed) while the
-  others keep serving; it rejoins only once it serves the current version;
+- serving: an adapter goes to every live replica at once, and `serve` returns only when all have it, so a request
+  naming it may go to any of them; the fleet keeps one map of what it serves, by name;
+- failures: a replica whose request or serve fails is taken out, its in-flight groups are retried on the other
+  replicas, and it is rebuilt in the background (new actor, engine started, every served adapter loaded) while the
+  others keep serving; it rejoins only once it serves exactly what the fleet serves;
 - per-replica metrics (`metrics()`): requests, tokens/s while generating, restarts.
 
 A replica may run on another node than the driver (its server then listens on that node's address, behind the
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 
+from common.lora_adapter import LoraAdapter
 from rollout.client import ServerUnavailable
 from rollout.config import RolloutConfig
 from rollout.handle import Rollout, with_run_key
@@ -70,7 +70,7 @@ class Replica:
 
 
 class RolloutFleet:
-    """Generate across N replicas, push every adapter version to all of them, rebuild dead ones."""
+    """Generate across N replicas, serve every adapter on all of them, rebuild dead ones."""
 
     def __init__(self, cfg: RolloutConfig, model_path: Path, replicas: int | None = None, placement: Any = None,
                  actor_options: dict[str, Any] | None = None, replica_env: list[dict[str, str]] | None = None):
@@ -84,13 +84,12 @@ class RolloutFleet:
         of each generate(), so one that happened during a push or a background rebuild is counted with the next
         step's generation (the loop counts the events appearing during generate)."""
         self._unpublished: list[str] = []
-        self.version: int | None = None
-        self._adapter: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None  # the current version's tensors
-        self._named: dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]] = {}  # adapters loaded by name
+        self.served: dict[str, LoraAdapter] = {}
+        """Every adapter the fleet serves, by name (what a rebuilt replica loads before it rejoins)."""
         self._placement = placement  # a placement group with one bundle per replica, or None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        # Requests and control work (pushes, rebuilds) get separate pools: requests waiting for a rebuilt replica
+        # Requests and control work (serves, rebuilds) get separate pools: requests waiting for a rebuilt replica
         # must never hold the threads that rebuild it.
         requests = min(256, self.n * cfg.client.max_concurrency)
         self._pool = concurrent.futures.ThreadPoolExecutor(requests, thread_name_prefix="fleet-request")
@@ -155,10 +154,11 @@ class RolloutFleet:
     # ---- data plane ------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                 base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
-        """n completions per prompt with the current adapter; groups spread by least outstanding requests.
+                 adapter: str | None = None) -> list[list[Completion]]:
+        """n completions per prompt from the served adapter `adapter` (None: the base model); groups spread by least
+        outstanding requests.
 
-        `seeds` (one per prompt), `base_model` and `adapter` are passed on as `Rollout.generate` takes them, so a
+        `seeds` (one per prompt) and `adapter` are passed on as `Rollout.generate` takes them, so a
         group draws the same samples whichever replica serves it. `on_sent` is called once, when every group's
         request has gone out (so each replica a group went to has work in flight: a test fault lands there).
         """
@@ -168,19 +168,18 @@ class RolloutFleet:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate() got {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
         sent = AllSent(len(prompts), on_sent)
-        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i], base_model,
-                                     adapter, sent.one()) for i, p in enumerate(prompts)]
+        futures = [self._pool.submit(self._generate_group, p, params, None if seeds is None else seeds[i], adapter,
+                                     sent.one()) for i, p in enumerate(prompts)]
         try:
             return [f.result() for f in futures]
         finally:
             self._collect_events()
 
     def _generate_group(self, prompt: list[int], params: SamplingParams, seed: int | None,
-                        base_model: bool = False, adapter: str | None = None,
-                        on_sent: Callable[[], None] | None = None) -> list[Completion]:
+                        adapter: str | None = None, on_sent: Callable[[], None] | None = None) -> list[Completion]:
         """One group on the least-loaded live replica; on failure, take that replica out and try another."""
         tried: set[int] = set()
-        kwargs = {"base_model": base_model, "adapter": adapter, **({} if seed is None else {"seeds": [seed]})}
+        kwargs = {"adapter": adapter, **({} if seed is None else {"seeds": [seed]})}
         while True:
             replica = self._acquire(tried)
             t0 = time.perf_counter()
@@ -221,26 +220,25 @@ class RolloutFleet:
             self._idle.notify_all()
 
     # ---- control plane ---------------------------------------------------------------------------------------
-    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> float:
-        """Push `version` to every live replica concurrently; returns when all have it (seconds paused)."""
-        t0 = time.perf_counter()
+    def serve(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` on every live replica concurrently (and on every rebuilt one); returns when all have it."""
         with self._lock:
-            self._adapter = (tensors, adapter_config)
-            self.version = version
-        self._on_live(f"push of adapter v{version}", lambda r: r.rollout.push_lora(version, tensors, adapter_config))
-        return time.perf_counter() - t0
+            before, self.served[adapter.name] = self.served.get(adapter.name), adapter
+        try:
+            self._on_live(f"serve of adapter {adapter.name}", lambda r: r.rollout.serve(adapter))
+        except ValueError:  # refused (e.g. its rank): the replicas kept what they served, and so does the map
+            with self._lock:
+                if before is None:
+                    self.served.pop(adapter.name, None)
+                else:
+                    self.served[adapter.name] = before
+            raise
 
-    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
-        """Serve another adapter under `name` on every live replica (and on every rebuilt one)."""
+    def unserve(self, name: str) -> None:
+        """Stop serving adapter `name` on every live replica."""
         with self._lock:
-            self._named[name] = (tensors, adapter_config)
-        self._on_live(f"load of adapter {name}", lambda r: r.rollout.load_adapter(name, tensors, adapter_config))
-
-    def unload_adapter(self, name: str) -> None:
-        """Stop serving an adapter loaded by name, on every live replica."""
-        with self._lock:
-            self._named.pop(name, None)
-        self._on_live(f"unload of adapter {name}", lambda r: r.rollout.unload_adapter(name))
+            self.served.pop(name, None)
+        self._on_live(f"unserve of adapter {name}", lambda r: r.rollout.unserve(name))
 
     def _on_live(self, what: str, call: Callable[[Replica], Any]) -> None:
         """`call` on every live replica concurrently; a replica that fails it is taken out and rebuilt."""
@@ -267,7 +265,7 @@ class RolloutFleet:
             replica.rebuild = self._control.submit(self._rebuild, replica)
 
     def _rebuild(self, replica: Replica) -> None:
-        """A fresh actor + engine for `replica`, serving the current adapter, then back in service."""
+        """A fresh actor + engine for `replica`, serving what the fleet serves, then back in service."""
         old = replica.rollout
         try:
             old.stop()
@@ -277,19 +275,21 @@ class RolloutFleet:
         with self._lock:
             replica.rollout, replica.seen_events = fresh, 0  # stop() stops it even if its start fails
         fresh.start()
-        with self._lock:
-            named = dict(self._named)
-        for name, (tensors, adapter_config) in named.items():  # loaded before it serves, like the policy's version
-            fresh.load_adapter(name, tensors, adapter_config)
-        while True:  # a push may land while this replica is starting: catch up to the newest version
+        loaded: dict[str, LoraAdapter] = {}
+        while True:  # a serve or unserve may land while this replica is starting: catch up until it serves the same
             with self._lock:
-                version, adapter = self.version, self._adapter
-            if version is not None and fresh.version != version:
-                fresh.push_lora(version, *adapter)
+                wanted = dict(self.served)
+            for name in [n for n in loaded if n not in wanted]:
+                fresh.unserve(name)
+                del loaded[name]
+            for name, adapter in wanted.items():
+                if loaded.get(name) is not adapter:
+                    fresh.serve(adapter)
+                    loaded[name] = adapter
             with self._idle:
-                if self.version == fresh.version:
+                if self.served == loaded:
                     replica.live = True
-                    self._record(f"rollout replica {replica.index} rebuilt and serving adapter v{fresh.version}")
+                    self._record(f"rollout replica {replica.index} rebuilt and serving adapters {sorted(loaded)}")
                     self._idle.notify_all()
                     return
 

@@ -1,14 +1,16 @@
 """`Rollout`: the driver-side object the training loop uses, with plain synchronous methods.
 
 It pairs a `RolloutServer` Ray actor (control plane: process, adapters, restarts) with a `RolloutClient` (data
-plane: HTTP straight to the server). It remembers the current adapter version so every request names it and
-every `Completion` records it. When the server dies mid-generate or mid-push, it asks the actor to restart it (the
-actor re-loads the current adapter), retries the requests (or the push) once, logs the event and appends it to
+plane: HTTP straight to the server). `serve(adapter)` puts a `LoraAdapter` on the engine under its name and
+`unserve(name)` takes it off; a request names the adapter it samples from (none: the base model) and every
+`Completion` records it. When the server dies mid-generate or mid-serve, it asks the actor to restart it (the actor
+re-loads every adapter it served), retries the requests (or the serve) once, logs the event and appends it to
 `.events`. Requests can carry per-prompt seeds, so a retried step draws the same samples.
 
     with Rollout(cfg, model_dir) as rollout:          # start() ... stop(); actor_options= from the driver
-        groups = rollout.generate([[1, 2, 3]], SamplingParams(n=8, max_tokens=64))
-        pause_s = rollout.push_lora(1, tensors, adapter_config)
+        rollout.serve(learner.save_for_sampler(name="policy-v1"))
+        groups = rollout.generate([[1, 2, 3]], SamplingParams(n=8, max_tokens=64), adapter="policy-v1")
+        rollout.unserve("policy-v1")
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from common.event_loop import run_sync
-from rollout.actor import adapter_name, setup_rollout_server
+from common.lora_adapter import LoraAdapter
+from rollout.actor import setup_rollout_server
 from rollout.backend import setup_backend
 from rollout.client import RolloutClient, ServerSilent, ServerUnavailable
 from rollout.config import RolloutConfig
@@ -46,7 +47,7 @@ def with_run_key(cfg: RolloutConfig) -> RolloutConfig:
 
 
 class Rollout:
-    """Generate with the current policy, push new LoRA versions, survive a dead server."""
+    """Generate from served adapters (or the base model), serve and unserve them, survive a dead server."""
 
     def __init__(self, cfg: RolloutConfig, model_path: Path, actor_options: dict[str, Any] | None = None,
                  restart_silent: bool = True):
@@ -59,8 +60,6 @@ class Rollout:
         False: `ServerSilent` is raised at once (a fleet takes the replica out and rebuilds it meanwhile)."""
         self.events: list[str] = []
         """What happened to the server besides normal work (restarts and why), oldest first."""
-        self.version: int | None = None
-        """Adapter version in use; None = base model."""
         self.actor = None
         """The RolloutServer actor handle (None before start)."""
         # Only its wire format is used here (pure functions of the config); the process lives in the actor.
@@ -111,26 +110,22 @@ class Rollout:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                 base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
-        """n completions per prompt with the current adapter (default params: cfg.sampling).
+                 adapter: str | None = None) -> list[list[Completion]]:
+        """n completions per prompt from the served adapter named `adapter`, None: the base model (default params:
+        cfg.sampling).
 
         `seeds`: one per prompt, so a retried or resumed step draws the same samples. `on_sent`: called once as the
         first request goes out, i.e. with requests in flight (the training loop's fault hook uses it).
-        `base_model`: ask the base model, not the adapter (an LLM judge served by the training engine).
-        `adapter`: an adapter loaded by name (`load_adapter`) instead of the policy's current version.
         """
         params = params or self.cfg.sampling
         self._check(prompts, params)
         client = self._require_client()
-        version = None if base_model or adapter is not None else self.version
-        lora = adapter if adapter is not None and not base_model else (
-            None if version is None else adapter_name(version))
         try:
-            return run_sync(client.generate(prompts, params, lora, version, seeds, on_sent))
+            return run_sync(client.generate(prompts, params, adapter, seeds, on_sent))
         except ServerUnavailable as err:
             if (isinstance(err, ServerSilent) and not self.restart_silent) or not self._recover():
                 raise
-        return run_sync(self._require_client().generate(prompts, params, lora, version, seeds))
+        return run_sync(self._require_client().generate(prompts, params, adapter, seeds))
 
     def _check(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -144,7 +139,7 @@ class Rollout:
                              f"({self.cfg.backend.max_logprobs}); raise the latter")
 
     def _recover(self) -> bool:
-        """Restart a dead server (re-loading the adapter); False if it is alive, i.e. the failure was not death.
+        """Restart a dead server (re-loading its adapters); False if it is alive, i.e. the failure was not death.
         `ServerUnavailable` when its actor does not answer within rollout.client.silent_timeout_s either: its host
         is unreachable (Ray itself declares a silent node dead only after its own health checks fail)."""
         import ray
@@ -166,42 +161,31 @@ class Rollout:
         log.warning("%s", event)
         self.events.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}")
 
-    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> float:
-        """Send LoRA `version` to the server and make it current; return the seconds it took (the pause)."""
-        import ray
-
-        self._require_client()
-        t0 = time.perf_counter()
-        try:
-            ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
-        except ray.exceptions.RayTaskError as exc:
-            # A server that died during the push: restart it (the previous version is re-loaded), push again.
-            if not self._recover():
-                raise RuntimeError(f"push of LoRA version {version} failed with the server alive: "
-                                   f"{str(exc).strip().splitlines()[-1][:300]}") from exc
-            ray.get(self.actor.push_lora.remote(version, tensors, adapter_config))
-        self.version = version
-        return time.perf_counter() - t0
-
-    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
-        """Serve another adapter under `name` beside the policy's versions (`generate(..., adapter=name)`)."""
+    def serve(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` under its name (replacing one of that name); requests naming it then use these weights."""
         import ray
 
         self._require_client()
         try:
-            ray.get(self.actor.load_adapter.remote(name, tensors, adapter_config))
+            ray.get(self.actor.serve.remote(adapter))
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, ValueError):
                 raise ValueError(str(exc.cause)) from None
-            if not self._recover():  # a server that died during the load: restarted with its adapters, then again
-                raise
-            ray.get(self.actor.load_adapter.remote(name, tensors, adapter_config))
+            # A server that died during the serve: restart it (what it served is re-loaded), serve again.
+            if not self._recover():
+                raise RuntimeError(f"serving adapter {adapter.name} failed with the server alive: "
+                                   f"{str(exc).strip().splitlines()[-1][:300]}") from exc
+            ray.get(self.actor.serve.remote(adapter))
 
-    def unload_adapter(self, name: str) -> None:
-        """Stop serving an adapter loaded by name."""
+    def unserve(self, name: str) -> None:
+        """Stop serving adapter `name` (a name not served is a no-op); a request naming it is then refused."""
         import ray
 
-        ray.get(self.actor.unload_adapter.remote(name))
+        try:
+            ray.get(self.actor.unserve.remote(name))
+        except ray.exceptions.RayTaskError:
+            if not self._recover():  # a server that died meanwhile is restarted without it: nothing left to unload
+                raise
 
     def metrics(self) -> dict[str, float]:
         """Per-replica figures; one server has none beyond the step's own (`RolloutFleet.metrics` has them)."""

@@ -7,10 +7,9 @@ above rollout/ asks which one it holds: "many" hides behind the handle, as it do
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-import numpy as np
-
+from common.lora_adapter import LoraAdapter
 from common.sampling import Completion, SamplingParams
 
 
@@ -30,20 +29,16 @@ class RolloutHandle(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                 base_model: bool = False, adapter: str | None = None) -> list[list[Completion]]:
-        """n completions per prompt with the current adapter (or the base model, or an adapter loaded by name)."""
+                 adapter: str | None = None) -> list[list[Completion]]:
+        """n completions per prompt from the served adapter named `adapter` (None: the base model)."""
         ...
 
-    def push_lora(self, version: int, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> float:
-        """Make LoRA `version` current on every engine; returns the seconds it took."""
+    def serve(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` under its name on every engine (replacing one of that name); returns once all have it."""
         ...
 
-    def load_adapter(self, name: str, tensors: dict[str, np.ndarray], adapter_config: dict[str, Any]) -> None:
-        """Serve another adapter under `name` on every engine, beside the policy's versions."""
-        ...
-
-    def unload_adapter(self, name: str) -> None:
-        """Stop serving an adapter loaded by name."""
+    def unserve(self, name: str) -> None:
+        """Stop serving adapter `name` on every engine."""
         ...
 
     def metrics(self) -> dict[str, float]:

@@ -72,8 +72,10 @@ class _Play:
     """What every episode of one generate call shares: the engine, the renderer, the environment and the limits."""
 
     def __init__(self, rollout: Any, renderer: PromptRenderer, environment: Environment, params: SamplingParams,
-                 limits: Limits, on_sent: Callable[[], None] | None, pool: concurrent.futures.Executor):
+                 limits: Limits, on_sent: Callable[[], None] | None, pool: concurrent.futures.Executor,
+                 adapter: str | None):
         self.rollout, self.renderer, self.environment, self.limits = rollout, renderer, environment, limits
+        self.adapter = adapter  # the served adapter every turn samples from (None: the base model)
         stop = [s for s in getattr(environment, "stop", []) if s not in params.stop]
         self.params = params.model_copy(update={"stop": [*params.stop, *stop],
                                                 "max_tokens": min(params.max_tokens, limits.max_episode_tokens)})
@@ -83,7 +85,8 @@ class _Play:
         if self.on_sent is not None:
             self.on_sent, on_sent = None, self.on_sent
             on_sent()
-        work = functools.partial(self.rollout.generate, [ids], params, seeds=None if seed is None else [seed])
+        work = functools.partial(self.rollout.generate, [ids], params, seeds=None if seed is None else [seed],
+                                 adapter=self.adapter)
         return (await asyncio.get_running_loop().run_in_executor(self.pool, work))[0]
 
     async def env(self, what: str, fn: Callable, *args: Any) -> Any:
@@ -99,10 +102,11 @@ class _Play:
 
 def play(rollout: Any, renderer: PromptRenderer, environment: Environment, rows: Sequence[Prompt],
          params: SamplingParams, limits: Limits, seeds: list[int] | None = None,
-         on_sent: Callable[[], None] | None = None, concurrency: int = 64) -> list[Group]:
-    """params.n episodes of each row, all concurrently; groups in row order."""
+         on_sent: Callable[[], None] | None = None, concurrency: int = 64, adapter: str | None = None) -> list[Group]:
+    """params.n episodes of each row, all concurrently, every turn from the served adapter `adapter` (None: the
+    base model); groups in row order."""
     pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="episode-turn")
-    ctx = _Play(rollout, renderer, environment, params, limits, on_sent, pool)
+    ctx = _Play(rollout, renderer, environment, params, limits, on_sent, pool, adapter)
     try:
         return run_sync(_play_all(ctx, rows, seeds or [None] * len(rows)))
     finally:
@@ -142,7 +146,7 @@ def _turn_seed(seed: int | None, *path: int) -> int | None:
 async def _play_episode(ctx: _Play, row: Prompt, episode: Episode, prompt_ids: list[int], turn: Completion,
                         seed: int | None) -> Completion:
     """Turns until done or a limit, then the episode's `close`; the sample holds every token after the opening."""
-    out = Completion(token_ids=[], logprobs=[], text="", finish_reason="", adapter_version=turn.adapter_version,
+    out = Completion(token_ids=[], logprobs=[], text="", finish_reason="", adapter=turn.adapter,
                      mask=[], episode=EpisodeTrace())
     info: Counter = Counter()
     failed = None

@@ -36,15 +36,15 @@ class Groups:
 def sample_groups(rollout: Any, renderer: PromptRenderer, prompts: Sequence[Prompt], params: SamplingParams, *,
                   environment: Environment | None = None, limits: Limits | None = None,
                   seeds: list[int] | None = None, on_sent: Callable[[], None] | None = None,
-                  concurrency: int = 64) -> Groups:
-    """params.n samples of each prompt (with an environment: episodes), `seeds` one per prompt; `on_sent` runs once
-    as the first request goes out."""
+                  concurrency: int = 64, adapter: str | None = None) -> Groups:
+    """params.n samples of each prompt (with an environment: episodes) from the served adapter `adapter` (None: the
+    base model), `seeds` one per prompt; `on_sent` runs once as the first request goes out."""
     if environment is None:
         prompt_ids = [renderer.encode(p) for p in prompts]
-        completions = rollout.generate(prompt_ids, params, seeds=seeds, on_sent=on_sent)
+        completions = rollout.generate(prompt_ids, params, seeds=seeds, on_sent=on_sent, adapter=adapter)
         answers = [[renderer.turn(p, c.text) for c in group] for p, group in zip(prompts, completions)]
         return Groups(prompt_ids, [renderer.text(p) for p in prompts], completions, answers)
-    groups = play(rollout, renderer, environment, prompts, params, limits, seeds, on_sent, concurrency)
+    groups = play(rollout, renderer, environment, prompts, params, limits, seeds, on_sent, concurrency, adapter)
     # Every turn of an episode opens with the assistant prefix: the rewards read the last one as a reader sees it.
     answers = [[renderer.assistant_prefix + c.text for c in g.samples] for g in groups]
     return Groups([g.prompt_ids for g in groups], [g.text for g in groups], [g.samples for g in groups], answers)

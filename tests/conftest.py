@@ -249,13 +249,17 @@ def perturbed_learner(model_dir: Path, rank: int, **settings):
     return learner
 
 
+SERVED_POLICY = "policy-v1"
+"""The name `rollout_serving` serves the learner's LoRA under (requests name it)."""
+
+
 @contextlib.contextmanager
 def rollout_serving(learner, model_dir: Path, rank: int) -> Iterator:
-    """A real vLLM engine (running_rollout) serving `learner`'s LoRA as adapter version 1."""
+    """A real vLLM engine (running_rollout) serving `learner`'s LoRA under the name SERVED_POLICY."""
     from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 
     cfg = RolloutConfig(backend=VllmConfig(max_model_len=512, max_lora_rank=rank, kv_cache_space_gb=1),
                         client=ClientConfig(max_retries=1, retry_backoff_s=0.2))
     with running_rollout(cfg, model_dir) as rollout:
-        rollout.push_lora(1, *learner.save_for_sampler())
+        rollout.serve(learner.save_for_sampler(name=SERVED_POLICY))
         yield rollout

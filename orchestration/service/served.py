@@ -15,21 +15,20 @@ import asyncio
 import contextlib
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
+from common.lora_adapter import LoraAdapter
 from orchestration.service.futures import UserError
-
-Peft = tuple[dict[str, Any], dict[str, Any]]  # an adapter's tensors and its adapter_config
 
 
 class ServedAdapters:
-    """`add` a name with its tensors and a source that reads them again; `use(name)` around every request for it."""
+    """`add` an adapter with a source that reads it again; `use(name)` around every request for it. `serve` and
+    `unserve` are the rollout handle's (rollout/protocol.py)."""
 
-    def __init__(self, capacity: int, load: Callable[[str, dict, dict], Awaitable[None]],
-                 unload: Callable[[str], Awaitable[None]]):
+    def __init__(self, capacity: int, serve: Callable[[LoraAdapter], Awaitable[None]],
+                 unserve: Callable[[str], Awaitable[None]]):
         self.capacity = capacity
-        self._load, self._unload = load, unload
-        self._sources: dict[str, Callable[[], Awaitable[Peft]]] = {}
+        self._serve, self._unserve = serve, unserve
+        self._sources: dict[str, Callable[[], Awaitable[LoraAdapter]]] = {}
         self._held: OrderedDict[str, None] = OrderedDict()  # on the engines, least recently used first
         self._busy: Counter[str] = Counter()  # requests running on each name
         self._lock = asyncio.Lock()  # one load or unload at a time, so the held set is what the engines hold
@@ -41,13 +40,13 @@ class ServedAdapters:
         """The names the engines hold now, least recently used first."""
         return list(self._held)
 
-    async def add(self, name: str, peft: Peft, source: Callable[[], Awaitable[Peft]]) -> None:
-        """Serve `name` now; `source` gives its tensors again once it has been unloaded to make room."""
-        self._sources[name] = source
+    async def add(self, adapter: LoraAdapter, source: Callable[[], Awaitable[LoraAdapter]]) -> None:
+        """Serve `adapter` now; `source` gives it again once it has been unloaded to make room."""
+        self._sources[adapter.name] = source
         async with self._lock:
             await self._make_room()
-            await self._load(name, *peft)
-            self._held[name] = None
+            await self._serve(adapter)
+            self._held[adapter.name] = None
 
     @contextlib.asynccontextmanager
     async def use(self, name: str) -> AsyncIterator[None]:
@@ -59,9 +58,9 @@ class ServedAdapters:
         else:
             async with self._lock:
                 if name not in self._held:
-                    peft = await self._sources[name]()
+                    adapter = await self._sources[name]()
                     await self._make_room()
-                    await self._load(name, *peft)
+                    await self._serve(adapter)
                     self._held[name] = None
                 self._hold(name)
         try:
@@ -82,4 +81,4 @@ class ServedAdapters:
             if name is None:
                 return
             del self._held[name]  # before the await: a request arriving meanwhile waits for the lock and reloads it
-            await self._unload(name)
+            await self._unserve(name)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from common.peft_adapter import read_adapter, write_adapter
+from common.lora_adapter import LoraAdapter, version_name
 from common.storage import exists, local_folder, remove, write_folder
 from learner.adapter_api import AdamParams
 from learner.config import LoraConfig
@@ -111,8 +111,8 @@ class TinkerService:
         # every adapter served by name (versions and named checkpoints), at most as many on the engines as their
         # LoRA slots keep (vLLM's max_cpu_loras; one merged adapter on an engine without slots)
         self.served = ServedAdapters(getattr(backend, "max_cpu_loras", 1),
-                                     lambda *a: self.on_engines(self.rollout.load_adapter, *a),
-                                     lambda name: self.on_engines(self.rollout.unload_adapter, name))
+                                     lambda adapter: self.on_engines(self.rollout.serve, adapter),
+                                     lambda name: self.on_engines(self.rollout.unserve, name))
         self._session_count = 0
         self.placement: dict[str, Any] = {}  # where the parts run (the CLI fills it in; capabilities report it)
         # Blocking handle calls run in worker threads, the learner's and the engines' in pools of their own: a
@@ -225,9 +225,9 @@ class TinkerService:
         """The LoRA as a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) at
         `tinker://<model_id>/external_weights/<name>`, which `tinker checkpoint download` fetches file by file."""
         path = paths.TinkerPath(m.model_id, "external_weights", paths.checked_name(name))
-        tensors, config = await self.on_learner(self.learner.save_for_sampler, m.adapter)
+        lora = await self.on_learner(self.learner.save_for_sampler, m.adapter)
         await self.on_learner(self._make_room_for, path, keep)
-        await self.on_learner(self._write_peft, path, tensors, config)
+        await self.on_learner(self._write_peft, path, lora)
         await self.on_learner(self.records.note, path, keep.ttl_seconds, keep.user_metadata)
         return Outcome(json={"path": str(path), "type": "save_weights_external"})
 
@@ -256,21 +256,21 @@ class TinkerService:
         kind "inflight": the sampler follows `m`'s newest version (the weights saved when it was made, or newer)."""
         if kind not in ("snapshot", "inflight"):
             raise UserError(f"sampling client kind {kind!r}: this server makes 'snapshot' and 'inflight' ones")
-        tensors, config = await self.on_learner(self.learner.save_for_sampler, m.adapter)
         if name is not None:
+            lora = await self.on_learner(self.learner.save_for_sampler, m.adapter)
             path = paths.TinkerPath(m.model_id, "sampler_weights", paths.checked_name(name))
             await self.on_learner(self._make_room_for, path, keep)
-            await self.on_learner(self._write_peft, path, tensors, config)
+            await self.on_learner(self._write_peft, path, lora)
             await self.on_learner(self.records.note, path, keep.ttl_seconds, keep.user_metadata)
             return Outcome(json={"path": str(path), "type": "save_weights_for_sampler"})
         m.versions += 1
-        served = f"{m.adapter}-v{m.versions}"
+        lora = await self.on_learner(self.learner.save_for_sampler, m.adapter, version_name(m.adapter, m.versions))
         # its folder on the run directory, read again when the engines have unloaded it to make room for others
         folder = paths.TinkerPath(m.model_id, paths.VERSIONS, f"v{m.versions}")
-        await self.on_learner(self._write_peft, folder, tensors, config)
-        await self.served.add(served, (tensors, config), lambda: self.on_engines(self._read_peft, folder))
-        m.newest = served
-        sampler_id = self.new_sampler(session_id, sampler_seq, served, m.base_model, owner=m.model_id)
+        await self.on_learner(self._write_peft, folder, lora)
+        await self.served.add(lora, lambda: self.on_engines(self._read_peft, folder, lora.name))
+        m.newest = lora.name
+        sampler_id = self.new_sampler(session_id, sampler_seq, lora.name, m.base_model, owner=m.model_id)
         self.samplers[sampler_id].inflight = kind == "inflight"
         return Outcome(json={"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
@@ -293,10 +293,10 @@ class TinkerService:
         served = "ckpt-" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
         if served not in self.served:
             if where.kind == "sampler_weights":
-                source = lambda: self.on_engines(self._read_peft, where)  # noqa: E731
+                source = lambda: self.on_engines(self._read_peft, where, served)  # noqa: E731
             else:  # a training state: its LoRA, through a scratch adapter on the learner
                 source = lambda: self.on_learner(self._weights_as_peft, where, served)  # noqa: E731
-            await self.served.add(served, await source(), source)
+            await self.served.add(await source(), source)
         return self.new_sampler(session_id, seq, served, self.served_model.name, model_path)
 
     def sampler(self, sampler_id: str) -> Sampler:
@@ -352,17 +352,19 @@ class TinkerService:
         return [int(t) for t in chunk["tokens"]]
 
     # ---- checkpoints on storage ---------------------------------------------------------------------------------
-    def _write_peft(self, path: paths.TinkerPath, tensors: dict, config: dict) -> None:
-        write_folder(path.location(self.root), lambda folder: write_adapter(folder, tensors, config))
+    def _write_peft(self, path: paths.TinkerPath, lora: LoraAdapter) -> None:
+        write_folder(path.location(self.root), lora.write)
 
-    def _read_peft(self, path: paths.TinkerPath) -> tuple[dict, dict]:
+    def _read_peft(self, path: paths.TinkerPath, name: str) -> LoraAdapter:
+        """The PEFT folder at `path`, to be served as `name`."""
         location = path.location(self.root)
         if not exists(location):
             raise UserError(f"{path}: no sampler weights there ({location})")
         with local_folder(location) as folder:
-            return read_adapter(folder)
+            return LoraAdapter.read(folder, name)
 
-    def _weights_as_peft(self, path: paths.TinkerPath, scratch: str) -> tuple[dict, dict]:
+    def _weights_as_peft(self, path: paths.TinkerPath, scratch: str) -> LoraAdapter:
+        """A training state's LoRA, through the learner adapter `scratch` (also the name it is served as)."""
         location = path.location(self.root)
         if not exists(location):
             raise UserError(f"{path}: no saved state there ({location})")

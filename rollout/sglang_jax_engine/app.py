@@ -149,7 +149,7 @@ class EngineServer:
                 "choices": [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
                              "finish_reason": c["finish_reason"]} for c in choices]}
 
-    async def load_adapter(self, body: dict) -> dict:
+    async def load_lora_adapter(self, body: dict) -> dict:
         """POST /v1/load_lora_adapter: merge the adapter into W0 and make it live under its name."""
         name, path = body.get("lora_name"), body.get("lora_path")
         if not name or not path:
@@ -163,7 +163,7 @@ class EngineServer:
         log.info("adapter %s merged and live in %.3f s", name, seconds)
         return {"status": "ok", "lora_name": name, "merge_s": seconds}
 
-    async def unload_adapter(self, body: dict) -> dict:
+    async def unload_lora_adapter(self, body: dict) -> dict:
         """POST /v1/unload_lora_adapter: back to the base weights, if that adapter is the live one."""
         name = body.get("lora_name")
         async with self.swap_lock:
@@ -202,7 +202,7 @@ def build_app(engine, args: argparse.Namespace):
         return answer
 
     for path, handler in (("/v1/completions", server.completions), ("/v1/chat/completions", server.chat_completions),
-                          ("/v1/load_lora_adapter", server.load_adapter),
-                          ("/v1/unload_lora_adapter", server.unload_adapter)):
+                          ("/v1/load_lora_adapter", server.load_lora_adapter),
+                          ("/v1/unload_lora_adapter", server.unload_lora_adapter)):
         app.post(path)(json_route(handler))
     return app

@@ -18,6 +18,7 @@ from orchestration.config.files import load_config
 from orchestration.judge import judge_term, setup_judge
 from rewards import Sample, setup_rewards
 from rollout.config import RolloutConfig, VllmConfig
+from common.lora_adapter import LoraAdapter
 from common.peft_adapter import random_peft_adapter
 from conftest import running_rollout
 
@@ -64,21 +65,21 @@ def test_known_good_and_known_bad_answers_score_one_and_zero_batched_and_cached(
 
 
 def test_the_judge_asks_the_base_model_while_the_policy_has_an_adapter(policy, smollm2_dir):
-    """Pushing an adapter that changes the model's reply to the rubric leaves the judge's grades as they were."""
+    """Serving an adapter that changes the model's reply to the rubric leaves the judge's grades as they were."""
     judge = judge_term(judged_rewards(policy, cache_size=0))
     prompts = [judge.prompt(s) for s in (GOOD, BAD)]
     before = [r.text for r in judge.engine.complete(prompts, judge.params.sampling, [1, 2])]
     tensors, config = random_peft_adapter(smollm2_dir, rank=8, seed=0, scale=0.5)
-    policy.push_lora(1, tensors, {**config, "base_model_name_or_path": str(smollm2_dir)})
+    policy.serve(LoraAdapter("policy-v1", tensors, {**config, "base_model_name_or_path": str(smollm2_dir)}))
     try:
         ids = [judge.engine.encode(p) for p in prompts]
-        with_adapter = [g[0].text for g in policy.generate(ids, judge.params.sampling)]
+        with_adapter = [g[0].text for g in policy.generate(ids, judge.params.sampling, adapter="policy-v1")]
         assert with_adapter != before, "the adapter did not change the reply: the check below would prove nothing"
         after = [r.text for r in judge.engine.complete(prompts, judge.params.sampling, [1, 2])]
         assert after == before, f"the judge answered with the adapter: {after} (base: {before})"
         assert judge.parse(after[0]) == 1.0 and judge.parse(after[1]) == 0.0
     finally:
-        policy.push_lora(2, *random_peft_adapter(smollm2_dir, rank=8, seed=0, zero_b=True))
+        policy.unserve("policy-v1")
 
 
 def test_a_malformed_reply_scores_per_on_error(policy, caplog):

@@ -36,6 +36,7 @@ def test_actor_steps_on_its_slice_and_ships_tensors(local_ray, tiny_model_dir):
     batch = plan_update(cfg.grpo, toy_batch(0)).minis[0]
     metrics = {**learner.forward_backward(batch, "grpo").result(), **learner.optim_step().result()}
     assert np.isfinite(metrics["learner/loss"]) and metrics["learner/grad_norm"] > 0
-    tensors, config = ray.get(actor.call.remote("save_for_sampler"), timeout=60)
-    assert config["r"] == 16 and len(tensors) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
+    adapter = ray.get(actor.call.remote("save_for_sampler", "policy", "policy-v1"), timeout=60)
+    tensors, config = adapter.tensors, adapter.config
+    assert adapter.name == "policy-v1" and config["r"] == 16 and len(tensors) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
     assert tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (128, 16)

@@ -38,9 +38,9 @@ FRESH = textwrap.dedent("""
     cfg_json, model_dir, ckpt, batch_path, out = sys.argv[1:]
     learner = Learner(LearnerConfig.model_validate(json.loads(cfg_json)), model_dir, checkpoint_dir=ckpt)
     step, extra = learner.restore()
-    restored = learner.save_for_sampler()[0]
+    restored = learner.save_for_sampler().tensors
     grpo_step(learner, learner.cfg.grpo, pickle.load(open(batch_path, "rb")))
-    after = learner.save_for_sampler()[0]
+    after = learner.save_for_sampler().tensors
     np.savez(out, step=step, extra=json.dumps(extra), **{"restored/" + k: v for k, v in restored.items()},
              **{"after/" + k: v for k, v in after.items()})
 """)
@@ -52,10 +52,10 @@ def test_restore_in_fresh_process_is_exact(tiny_model_dir, tmp_path):
     assert learner.restore() == (0, {})
     grpo_step(learner, learner.cfg.grpo, toy_batch(0))
     learner.save(1, {"prompt_stream": {"cursor": 17}})
-    saved = learner.save_for_sampler()[0]
+    saved = learner.save_for_sampler().tensors
     batch = toy_batch(1)
     grpo_step(learner, learner.cfg.grpo, batch)
-    after = learner.save_for_sampler()[0]
+    after = learner.save_for_sampler().tensors
 
     (tmp_path / "batch.pkl").write_bytes(pickle.dumps(batch))
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}

@@ -20,7 +20,7 @@ from orchestration.update import ScoredSamples, grpo_step
 from learner.sampling import SamplingTransform, model_eos_ids
 from rollout.handle import Rollout
 from common.sampling import SamplingParams
-from conftest import perturbed_learner, rollout_serving
+from conftest import SERVED_POLICY, perturbed_learner, rollout_serving
 from orchestration.cli.tiny_models import TINY_FAMILIES
 
 pytestmark = pytest.mark.integration
@@ -57,7 +57,7 @@ def engine_batch(rollout: Rollout, sampling: dict) -> ScoredSamples:
     rng = np.random.default_rng(0)
     prompts = [[1, *map(int, rng.integers(100, 40000, size=30))] for _ in range(PROMPTS)]
     params = SamplingParams(n=N, max_tokens=MAX_TOKENS, ignore_eos=True, seed=0, **sampling)
-    groups = rollout.generate(prompts, params)
+    groups = rollout.generate(prompts, params, adapter=SERVED_POLICY)
     samples = [(p, c) for p, group in zip(prompts, groups) for c in group]
     assert all(len(c.token_ids) == MAX_TOKENS for _, c in samples)
     return ScoredSamples(
@@ -114,7 +114,7 @@ def penalty_batch(rollout: Rollout, model_dir, sampling: dict) -> tuple[ScoredSa
     params = SamplingParams(n=N, max_tokens=MAX_TOKENS, ignore_eos=True, seed=0, stop_token_ids=stop, **sampling)
     rng = np.random.default_rng(0)
     prompts = [[1, *map(int, rng.integers(100, 40000, size=30))] for _ in range(PROMPTS)]
-    samples = [(p, c) for p, group in zip(prompts, rollout.generate(prompts, params)) for c in group]
+    samples = [(p, c) for p, group in zip(prompts, rollout.generate(prompts, params, adapter=SERVED_POLICY)) for c in group]
     assert all(len(c.token_ids) == MAX_TOKENS for _, c in samples)
     modelled = SamplingTransform.of(params, model_eos_ids(str(model_dir)))
     unmodelled = modelled._replace(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)

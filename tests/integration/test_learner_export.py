@@ -56,7 +56,7 @@ def test_peft_and_merged_exports_match_the_nnx_lora_model(family, tiny_family_di
     hf = json.loads((model_dir / "config.json").read_text())
     heads_dim = hf["num_attention_heads"] * hf.get("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
     assert a.shape == (8, heads_dim) and b.shape == (hf["intermediate_size"], 8), "PEFT: A [r, in], B [out, r]"
-    assert tensors.keys() == learner.save_for_sampler()[0].keys()
+    assert tensors.keys() == learner.save_for_sampler().tensors.keys()
     layers = hf["num_hidden_layers"]
     assert len(tensors) == 2 * 7 * layers, f"{family}: {len(tensors)} tensors, not A+B x 7 x {layers}"
 

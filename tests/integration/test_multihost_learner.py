@@ -49,7 +49,7 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
     # Reference: this process, 4 devices (conftest's XLA_FLAGS), mesh fsdp=4.
     one = Learner(LearnerConfig.model_validate(CFG), tiny_model_dir)
     ref = [grpo_step(one, one.cfg.grpo, toy_batch(s)) for s in (0, 1)]
-    ref_lora = one.save_for_sampler()[0]
+    ref_lora = one.save_for_sampler().tensors
 
     group = start_learner(LearnerConfig.model_validate({**CFG, "hosts": 2}), tiny_model_dir, tmp_path / "ckpt",
                           actor_options=fake_devices(2))
@@ -59,7 +59,8 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
         assert len(devices) == 4, f"the 2-process mesh should span 4 devices, got {devices}"
         learner = LearnerHandle(group)
         got = [grpo_step(learner, one.cfg.grpo, toy_batch(s)) for s in (0, 1)]
-        lora, config = ray.get(group.call.remote("save_for_sampler"), timeout=120)
+        adapter = ray.get(group.call.remote("save_for_sampler"), timeout=120)
+        lora, config = adapter.tensors, adapter.config
         for r, g in zip(ref, got):
             for key in ("learner/loss", "learner/grad_norm", "learner/kl", "learner/entropy"):
                 assert abs(r[key] - g[key]) <= TOL * max(1.0, abs(r[key])), f"{key}: 1 process {r[key]} vs 2 {g[key]}"
@@ -74,7 +75,7 @@ def test_two_processes_match_one_process(local_ray, tiny_model_dir, tmp_path):
         ray.get(group.call.remote("save", 2, {"data": {"pos": 7}}), timeout=120)
         grpo_step(learner, one.cfg.grpo, toy_batch(2))
         step, extra = ray.get(group.call.remote("restore"), timeout=120)
-        restored = ray.get(group.call.remote("save_for_sampler"), timeout=120)[0]
+        restored = ray.get(group.call.remote("save_for_sampler"), timeout=120).tensors
         assert (step, extra) == (2, {"data": {"pos": 7}})
         assert all(np.array_equal(restored[k], lora[k]) for k in lora), "restore did not bring back step 2's LoRA"
     finally:

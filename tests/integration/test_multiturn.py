@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import perturbed_learner, rollout_serving
+from conftest import SERVED_POLICY, perturbed_learner, rollout_serving
 from learner import train_step as ts
 from learner.adapter_api import POLICY
 from orchestration.update import ScoredSamples, grpo_step, plan_update
@@ -68,7 +68,7 @@ def renderer(tiny_model_dir):
 def groups(rollout, renderer) -> list[Group]:
     env = GuessingGame(highs=(16, 16))
     rows = env.rows(DataConfig(train_size=ROWS, eval_size=1), "train")
-    return play(rollout, renderer, env, rows, PARAMS, LIMITS, seeds=[11, 12, 13])
+    return play(rollout, renderer, env, rows, PARAMS, LIMITS, seeds=[11, 12, 13], adapter=SERVED_POLICY)
 
 
 def train_batch(groups: list[Group], masked: bool = True) -> ScoredSamples:
@@ -218,7 +218,7 @@ def test_a_verifiers_environment_runs_through_the_adapter(rollout, renderer, lea
     # The verifiers Env.run drives each episode; a scripted model shows the win, the cut-off and the reward path.
     won, cut = asyncio.run(_scripted(env, rows[0])), asyncio.run(_scripted(env, rows[1], right_guess=False))
     assert (won, cut) == (1.0, 0.0), (won, cut)
-    groups = play(rollout, renderer, env, rows, PARAMS, LIMITS, seeds=[5, 6])
+    groups = play(rollout, renderer, env, rows, PARAMS, LIMITS, seeds=[5, 6], adapter=SERVED_POLICY)
     samples = [s for g in groups for s in g.samples]
     assert all(s.episode.error is None and (s.episode.turns >= 2 or s.episode.end == "done") for s in samples), samples[0]
     assert any(0 < sum(s.mask) < len(s.mask) for s in samples), "no episode got a reply: vacuous"

@@ -34,7 +34,7 @@ CONSOLE_LINES = [re.compile(p) for p in (
     r"step \d+/\d+ \| reward .*",
     r"eval at step \d+ \| accuracy .*",
     r"checkpoint saved at step \d+",
-    r"resumed at step \d+ \(adapter version \d+ pushed; LoRA sha256 \w+\)",
+    r"resumed at step \d+ \(adapter policy-v\d+ served; LoRA sha256 \w+\)",
     r"logs: \S+/train\.log \(this process\), \S+/ray-logs/ \(Ray: learner, engines\)",
     r"serve the trained adapter: aha serve \S+",
 )]

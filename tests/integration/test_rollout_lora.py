@@ -1,4 +1,4 @@
-"""LoRA pushes and server failures on a real vLLM server (tiny Llama, float32) behind a real Ray actor.
+"""Adapters served by name and server failures on a real vLLM server (tiny Llama, float32) behind a real Ray actor.
 
 Adapters are written by hand in PEFT layout (random A and B for the 7 Llama projections; B = 0 for the identity
 adapter), as the learner would hand them over, without importing the learner.
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import ray
 
+from common.lora_adapter import LoraAdapter
 from rollout.client import RolloutClient, ServerUnavailable
 from rollout.config import ClientConfig, RolloutConfig, VllmConfig
 from rollout.handle import Rollout
@@ -31,10 +32,12 @@ RANK = 8
 # Over 128 tokens, so vLLM's prefix cache holds full blocks of it: a stale cache across versions would show.
 LONG_PROMPT = [1] + [int(x) for x in np.random.default_rng(0).integers(100, 40000, size=200)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-def make_adapter(model_dir, seed: int, zero_b: bool = False, scale: float = 0.5):
-    """PEFT LoRA tensors + config for every projection of the checkpoint (common.peft_adapter)."""
+
+
+def make_adapter(model_dir, name: str, seed: int, zero_b: bool = False, scale: float = 0.5) -> LoraAdapter:
+    """A LoRA of every projection of the checkpoint (common.peft_adapter), to be served as `name`."""
     tensors, config = random_peft_adapter(model_dir, RANK, seed, scale=scale, zero_b=zero_b)
-    return tensors, {**config, "base_model_name_or_path": str(model_dir)}
+    return LoraAdapter(name, tensors, {**config, "base_model_name_or_path": str(model_dir)})
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,8 @@ def rollout(tiny_model_dir):
         yield rollout
 
 
-def greedy(rollout: Rollout):
-    [[c]] = rollout.generate([LONG_PROMPT], GREEDY)
+def greedy(rollout: Rollout, adapter: str | None = None):
+    [[c]] = rollout.generate([LONG_PROMPT], GREEDY, adapter=adapter)
     return c
 
 
@@ -61,31 +64,53 @@ def served_models(rollout: Rollout) -> set[str]:
 
 
 def test_zero_b_adapter_reproduces_base(rollout, base, tiny_model_dir):
-    pause_s = rollout.push_lora(1, *make_adapter(tiny_model_dir, seed=0, zero_b=True))
-    assert 0 < pause_s < 60
-    c = greedy(rollout)
-    assert c.adapter_version == 1
+    rollout.serve(make_adapter(tiny_model_dir, "policy-v1", seed=0, zero_b=True))
+    c = greedy(rollout, "policy-v1")
+    assert c.adapter == "policy-v1" and base.adapter is None
     assert c.token_ids == base.token_ids, "a zero-B adapter must not change the output"
     np.testing.assert_allclose(c.logprobs, base.logprobs, atol=1e-4)
 
 
-def test_pushed_adapter_changes_greedy_output(rollout, base, tiny_model_dir):
-    rollout.push_lora(2, *make_adapter(tiny_model_dir, seed=1))
-    c = greedy(rollout)
-    assert c.adapter_version == 2
+def test_served_adapter_changes_greedy_output(rollout, base, tiny_model_dir):
+    rollout.serve(make_adapter(tiny_model_dir, "policy-v2", seed=1))
+    rollout.unserve("policy-v1")
+    c = greedy(rollout, "policy-v2")
+    assert c.adapter == "policy-v2"
     assert c.token_ids != base.token_ids, "a random adapter left greedy output unchanged: was it applied?"
 
 
 def test_new_version_replaces_old_with_no_stale_output(rollout, tiny_model_dir):
     outputs = {}
     for version, seed in [(3, 10), (4, 11), (5, 10), (6, 11)]:
-        rollout.push_lora(version, *make_adapter(tiny_model_dir, seed=seed))
-        c = greedy(rollout)
-        assert c.adapter_version == version
+        rollout.serve(make_adapter(tiny_model_dir, f"policy-v{version}", seed=seed))
+        rollout.unserve(f"policy-v{version - 1}")
+        c = greedy(rollout, f"policy-v{version}")
+        assert c.adapter == f"policy-v{version}"
         outputs.setdefault(seed, []).append(c.token_ids)
         assert served_models(rollout) == {"base", f"policy-v{version}"}, "old versions must be unloaded"
     assert outputs[10][0] != outputs[11][0], "two random adapters gave the same output; test cannot tell them apart"
-    assert outputs[10][0] == outputs[10][1] and outputs[11][0] == outputs[11][1], "stale output after a push"
+    assert outputs[10][0] == outputs[10][1] and outputs[11][0] == outputs[11][1], "stale output after a new version"
+    rollout.unserve("policy-v6")
+
+
+def test_unserved_name_is_refused_and_the_other_still_answers(rollout, base, tiny_model_dir):
+    """Two adapters served side by side answer each with its own weights; once one is unserved a request naming it
+    is refused (never answered by the base model or the other adapter), the other answers as before, and serving a
+    name again replaces its weights with no stale output. Guards the one map of served adapters (fails on main at
+    fe1415a, which had no `serve`/`unserve`: the policy's versions and named adapters were kept apart)."""
+    rollout.serve(make_adapter(tiny_model_dir, "alice", seed=10))
+    rollout.serve(make_adapter(tiny_model_dir, "bob", seed=11))
+    alice, bob = greedy(rollout, "alice"), greedy(rollout, "bob")
+    assert len({tuple(alice.token_ids), tuple(bob.token_ids), tuple(base.token_ids)}) == 3, \
+        "the adapters and the base model cannot be told apart: the test would be vacuous"
+    rollout.unserve("alice")
+    with pytest.raises(RuntimeError, match="rejected the request \\(404\\)"):
+        greedy(rollout, "alice")
+    assert greedy(rollout, "bob").token_ids == bob.token_ids, "unserving one adapter changed another's output"
+    assert served_models(rollout) == {"base", "bob"}
+    rollout.serve(make_adapter(tiny_model_dir, "bob", seed=10))  # the same name, alice's weights: replaced
+    assert greedy(rollout, "bob").token_ids == alice.token_ids, "a name served again kept its old weights"
+    rollout.unserve("bob")
 
 
 def test_base_requests_batched_with_adapter_requests_get_no_adapter(rollout, base, tiny_model_dir):
@@ -97,27 +122,26 @@ def test_base_requests_batched_with_adapter_requests_get_no_adapter(rollout, bas
     """
     import asyncio
 
-    rollout.push_lora(7, *make_adapter(tiny_model_dir, seed=1))
-    adapter = greedy(rollout)
+    rollout.serve(make_adapter(tiny_model_dir, "policy-v7", seed=1))
+    adapter = greedy(rollout, "policy-v7")
     assert adapter.token_ids != base.token_ids, "the adapter does not change the output: the test would be vacuous"
     client = rollout._require_client()
 
     async def together():
-        return await asyncio.gather(client.generate([LONG_PROMPT] * 4, GREEDY, "policy-v7", 7),
-                                    client.generate([LONG_PROMPT], GREEDY, None, None))
+        return await asyncio.gather(client.generate([LONG_PROMPT] * 4, GREEDY, "policy-v7"),
+                                    client.generate([LONG_PROMPT], GREEDY, None))
 
     with_adapter, [[plain]] = asyncio.run(together())
     assert all(g[0].token_ids == adapter.token_ids for g in with_adapter)
     assert plain.token_ids == base.token_ids, "a base-model request got the resident adapter"
 
 
-def test_push_rejects_stale_versions_and_big_ranks(rollout, tiny_model_dir):
-    # The handle turns a refused push on a live server into one RuntimeError line (rollout/handle.py push_lora).
-    with pytest.raises(RuntimeError, match="must be greater than the current"):
-        rollout.push_lora(1, *make_adapter(tiny_model_dir, seed=0))
-    tensors, config = make_adapter(tiny_model_dir, seed=0)
-    with pytest.raises(RuntimeError, match="exceeds rollout.backend.max_lora_rank"):
-        rollout.push_lora(100, tensors, {**config, "r": 64})
+def test_serve_rejects_big_ranks(rollout, tiny_model_dir):
+    # The handle turns the actor's refusal into its one line (rollout/handle.py serve); nothing is served.
+    adapter = make_adapter(tiny_model_dir, "too-big", seed=0)
+    with pytest.raises(ValueError, match="exceeds rollout.backend.max_lora_rank"):
+        rollout.serve(LoraAdapter(adapter.name, adapter.tensors, {**adapter.config, "r": 64}))
+    assert "too-big" not in served_models(rollout)
 
 
 def test_every_route_of_the_engine_refuses_a_request_without_the_run_key(rollout):
@@ -142,7 +166,7 @@ def test_every_route_of_the_engine_refuses_a_request_without_the_run_key(rollout
 
 
 def test_killed_server_is_reported_and_restarted(rollout):
-    before = greedy(rollout)
+    before = greedy(rollout, "policy-v7")
     pid = ray.get(rollout.actor.pid.remote())
     os.killpg(pid, signal.SIGKILL)
     time.sleep(1)
@@ -152,8 +176,8 @@ def test_killed_server_is_reported_and_restarted(rollout):
     with pytest.raises(ServerUnavailable, match="is the server alive"):
         asyncio.run(dead.generate([[1, 2]], GREEDY))
 
-    after = greedy(rollout)  # restarts the server, re-pushes the adapter, retries
-    assert after.token_ids == before.token_ids and after.adapter_version == before.adapter_version
+    after = greedy(rollout, "policy-v7")  # restarts the server, serves its adapters again, retries
+    assert after.token_ids == before.token_ids and after.adapter == before.adapter
     assert len(rollout.events) == 1 and "died and was restarted" in rollout.events[0]
     assert ray.get(rollout.actor.pid.remote()) != pid
 

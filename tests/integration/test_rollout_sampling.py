@@ -62,7 +62,7 @@ def test_completion_shape_and_logprobs(greedy):
     assert len(greedy.token_ids) == 24 and greedy.finish_reason == "length"
     assert len(greedy.logprobs) == len(greedy.token_ids)
     assert all(math.isfinite(x) and x <= 1e-6 for x in greedy.logprobs)
-    assert greedy.adapter_version is None and greedy.text.strip()
+    assert greedy.adapter is None and greedy.text.strip()
 
 
 def test_max_tokens_is_honoured(rollout, prompt):

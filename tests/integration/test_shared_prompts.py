@@ -36,9 +36,9 @@ def one_step(path, batch: ScoredSamples, share: bool, **cfg) -> tuple[Learner, d
     the gradient itself: at the usual eps a first step is lr * sign(g), which float noise flips where g ~ 0."""
     learner = Learner(LearnerConfig.model_validate({"share_prompts": share, "lora": {"rank": 4, "alpha": 8},
                                                     "optimizer": {"lr": 1.0, "eps": 1.0}, **cfg}), path)
-    before = learner.save_for_sampler()[0]
+    before = learner.save_for_sampler().tensors
     metrics = grpo_step(learner, learner.cfg.grpo, batch)
-    return learner, metrics, {k: v - before[k] for k, v in learner.save_for_sampler()[0].items()}
+    return learner, metrics, {k: v - before[k] for k, v in learner.save_for_sampler().tensors.items()}
 
 
 def assert_same_step(path, batch: ScoredSamples, expect_shared: bool, **cfg) -> None:
@@ -103,10 +103,10 @@ def token_datums(prompt_lengths: list[int], samples: int, max_completion: int, l
 def one_token_update(path, batch, loss: str, **cfg) -> tuple[Learner, dict, dict]:
     learner = Learner(LearnerConfig.model_validate({"lora": {"rank": 4, "alpha": 8},
                                                     "optimizer": {"lr": 1.0, "eps": 1.0}, **cfg}), path)
-    before = learner.save_for_sampler()[0]
+    before = learner.save_for_sampler().tensors
     out = learner.forward_backward(batch, loss)
     learner.optim_step()
-    return learner, out, {k: v - before[k] for k, v in learner.save_for_sampler()[0].items()}
+    return learner, out, {k: v - before[k] for k, v in learner.save_for_sampler().tensors.items()}
 
 
 @pytest.mark.parametrize("loss, share", [("cross_entropy", True), ("importance_sampling", False), ("dro", True)])

@@ -33,7 +33,7 @@ def test_tpu_check_runs_its_cpu_rows_and_names_the_tpu_rows(tiny_model_dir):
     tpu_only = [line for line in table if line.startswith(("devices:", "slice: 2 learner"))]
     assert len(tpu_only) == 5 and all("not on TPU" in line for line in tpu_only), out.stdout
     engine = rows["engine: adapter push + completion"]
-    assert "  ok  " in engine and "under adapter version 1" in engine, engine
+    assert "  ok  " in engine and "under adapter probe-v1" in engine, engine
     psum = rows["slice: 2-process jax.distributed psum"]
     assert "  ok  " in psum and "psum [4.0, 4.0] over 4 devices in 2 processes" in psum, psum
     assert lines[-2].startswith("tpu-check: 2 of 7 rows ran"), lines[-2]
