@@ -29,7 +29,7 @@ class PassRequest:
     loss: str
     config: dict[str, float] | None
     forward_only: bool
-    done: asyncio.Future = field(repr=False, default=None)  # type: ignore[assignment]
+    done: asyncio.Future = field(repr=False)  # its client's answer, set when the pass that carried it ends
 
     @property
     def kind(self) -> tuple:
