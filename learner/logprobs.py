@@ -187,7 +187,8 @@ def window_logprobs(
     hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab: int, mb, s: SamplingTransform, chunk: int,
     with_entropy: bool, raw: bool, fused_grad: bool = False, at_window: bool = False, entropy_grad: bool = False,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
-    """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb`, at most `chunk` positions
+    """[B, L] logp (and entropy, raw logp) at the completion window of micro-batch `mb` ([B, L, K] for [B, L, K]
+    targets: soft targets under the raw distribution, no entropy), at most `chunk` positions
     at a time (`balanced_chunks`); zero outside the completion. `head`: hidden [B, c, D] -> logits [B, c, V].
     `hidden` is [B, L, D], or with `at_window` already the window's [B, W, D] (`shared_prompts.window_hidden`).
     With `fused_grad` logp's gradient with respect to `hidden` is taken in the forward pass, and so is the entropy's
@@ -209,6 +210,8 @@ def window_logprobs(
 
     def one(xs):
         h, t, m, j = xs
+        if t.ndim == h.ndim:  # [B, c, K] targets: soft targets under the raw distribution (the token losses')
+            return soft_target_logprobs(head(h), t), None, None
         hist = _history(s, targets, mask, j, t, m, prompt_seen, vocab) if s.needs_history else None
         return transform_logprobs(head(h), t, s, with_entropy, hist, raw, entropy_grad)
 
@@ -238,8 +241,23 @@ def window_logprobs(
         at = jnp.pad(hidden, ((0, 0), (0, n * chunk - width), (0, 0)))
     else:
         at = hidden[rows, win]
-    outs = jax.lax.map(fused if fused_grad else jax.checkpoint(one),
+    soft = targets.ndim == 3
+    if soft and s != SamplingTransform():
+        raise ValueError(f"[N, K] targets are scored under the raw distribution, not {s}")
+    # [N, K] targets take the rematerialised chunk: a fused J per target would grow with K.
+    outs = jax.lax.map(fused if fused_grad and not soft else jax.checkpoint(one),
                        (split(at), split(targets), split(mask), split(slots)))
+    if soft:
+        k = targets.shape[2]
+        spread = lambda o: jnp.zeros((b, length, k), jnp.float32).at[rows, win].add(  # noqa: E731
+            jnp.where((mask > 0)[..., None], o.swapaxes(0, 1).reshape(b, n * chunk, k), 0.0))
+        return spread(outs[0]), None, None
     full = lambda o: None if o is None else jnp.zeros((b, length), jnp.float32).at[rows, win].add(
         jnp.where(mask > 0, o.swapaxes(0, 1).reshape(b, n * chunk), 0.0))
     return tuple(full(o) for o in outs)
+
+
+def soft_target_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """[..., K]: the raw distribution's logprob of each of K targets per position (logits [..., V])."""
+    f32 = logits.astype(jnp.float32)
+    return jnp.take_along_axis(f32, targets, axis=-1) - jax.nn.logsumexp(f32, axis=-1)[..., None]

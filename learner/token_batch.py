@@ -22,9 +22,12 @@ class TokenBatch:
     """Datums: input tokens, target tokens and named per-position float inputs, one of each per input position."""
 
     tokens: list[list[int]]
-    targets: list[list[int]]
+    targets: list[list[int]] | list[list[list[int]]]
+    """Per datum, the target each position predicts [N], or K targets per position [N, K] (soft targets: the
+    cross-entropy of a distillation, whose `weights` are [N, K] too)."""
     inputs: list[dict[str, np.ndarray]] = field(default_factory=list)
-    """Per datum, the loss's float inputs by name (`weights`, `logprobs`, `advantages`, ...), each [N]."""
+    """Per datum, the loss's float inputs by name (`weights`, `logprobs`, `advantages`, ...), each [N] (or [N, K]
+    beside [N, K] targets)."""
     adapters: tuple[str, ...] = ()
     """Per datum, the adapter it trains: several tenants' datums in one pass (learner/tenant_stack.py); empty: all
     the call's adapter."""
@@ -39,13 +42,22 @@ class TokenBatch:
             if not x or len(x) != len(y):
                 raise ValueError(f"datum {i}: {len(x)} input tokens but {len(y)} target_tokens; each input position "
                                  "predicts one target (the input is the sequence without its last token)")
+            shape = np.shape(y)
+            if len(shape) > 2 or (len(shape) == 2 and shape[1] < 1):
+                raise ValueError(f"datum {i}: target_tokens of shape {shape}; give [N] or [N, K] targets")
             for name, values in (self.inputs[i] if self.inputs else {}).items():
-                if np.shape(values) != (len(x),):
+                if np.shape(values) not in ((len(x),), shape):
                     raise ValueError(f"datum {i}: loss input {name!r} has shape {np.shape(values)}, the input has "
-                                     f"{len(x)} tokens; give one value per input position")
+                                     f"{len(x)} tokens and its targets the shape {shape}; give one value per input "
+                                     "position (or per target)")
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def width(self) -> int:
+        """K of the widest datum's [N, K] targets; 0 when every datum has one target per position."""
+        return max((np.shape(y)[1] for y in self.targets if np.ndim(y) == 2), default=0)
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,8 @@ def gate_starts(batch: TokenBatch, gate: str | None) -> list[int]:
     starts = []
     for i, x in enumerate(batch.tokens):
         values = batch.inputs[i].get(gate) if gate and batch.inputs else None
-        nonzero = np.flatnonzero(np.asarray(values)) if values is not None else np.zeros(1, np.int64)
+        nonzero = np.flatnonzero(np.asarray(values).reshape(len(x), -1).any(axis=1)) if values is not None \
+            else np.zeros(1, np.int64)
         starts.append(int(min(nonzero[0] if len(nonzero) else len(x) - 1, len(x) - 1)))
     return starts
 
@@ -93,19 +106,33 @@ def pack_tokens(batch: TokenBatch, names: tuple[str, ...], gate: str | None, buc
     length = max(bucket_length(max(len(x) for x in batch.tokens) + 1, bucket), floor.length)
     starts = gate_starts(batch, gate) + [0] * (rows - n)
     sizes = [len(x) for x in batch.tokens] + [0] * (rows - n)
+    k = batch.width  # [N, K] targets: every datum's as [L, K], a narrower one's extra columns target 0 with weight 0
+    per_position = (k,) if k else ()
     tokens = np.zeros((rows, length), np.int32)
-    targets = np.zeros((rows, length), np.int32)
+    targets = np.zeros((rows, length, *per_position), np.int32)
     valid = np.zeros((rows, length), bool)
-    fields = {name: np.zeros((rows, length), np.float32) for name in names}
-    shareable = True
+    fields = {name: np.zeros((rows, length, *per_position), np.float32) for name in names}
+    shareable = not k  # a shared prefix's targets are its next tokens, one per position
     for i, (x, y) in enumerate(zip(batch.tokens, batch.targets)):
         tokens[i, : len(x)] = x
-        targets[i, : len(y)] = y
         valid[i, : len(x)] = True
-        shareable &= list(y[: starts[i]]) == list(x[1: starts[i] + 1])
+        if k:
+            wide = np.ndim(y) == 2
+            y = np.asarray(y).reshape(len(x), -1)
+            targets[i, : len(x), : y.shape[1]] = y
+        else:
+            targets[i, : len(y)] = y
+            shareable = shareable and list(y[: starts[i]]) == list(x[1: starts[i] + 1])
         for name in names:
             if batch.inputs and name in batch.inputs[i]:
-                fields[name][i, : len(x)] = np.asarray(batch.inputs[i][name], np.float32)
+                value = np.asarray(batch.inputs[i][name], np.float32)
+                if not k:
+                    fields[name][i, : len(x)] = value
+                    continue
+                if wide and value.ndim == 1:
+                    raise ValueError(f"datum {i}: {name!r} has one value per position beside [N, K] target_tokens; "
+                                     f"give it their shape {y.shape}")
+                fields[name][i, : len(x), : y.shape[1]] = value.reshape(len(x), -1)
     pos = np.arange(length)[None]
     first = np.asarray(starts)[:, None]
     active = valid & (pos >= first)

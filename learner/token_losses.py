@@ -90,6 +90,8 @@ def per_token_loss(name: str, logp: jax.Array, inputs: Mapping[str, jax.Array],
                    config: Mapping[str, float]) -> jax.Array:
     """[B, L]: the loss at every position (before the mask)."""
     if name == "cross_entropy":
+        if logp.ndim == 3:  # [B, L, K] soft targets: each position's loss sums its K weighted logprobs
+            return -jnp.sum(logp * inputs["weights"], axis=-1)
         return -logp * inputs["weights"]
     adv, lp = inputs["advantages"], inputs["logprobs"]
     log_ratio = jnp.clip(logp - lp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)

@@ -61,8 +61,7 @@ def token_forward_backward(cfg: LearnerConfig, a: Adapter, batch: TokenBatch, lo
     if not forward_only:
         a.grads = acc
         a.open = a.open or OpenUpdate(t0, compiled_before)
-    logp = np.concatenate(logps)
-    return {"loss": total, "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)]}, lay
+    return {"loss": total, "logprobs": datum_logprobs(np.concatenate(logps), batch)}, lay
 
 
 def tenant_forward_backward(cfg: LearnerConfig, adapters: list[Adapter], stack: TenantStack, fns: dict,
@@ -101,10 +100,21 @@ def tenant_forward_backward(cfg: LearnerConfig, adapters: list[Adapter], stack: 
         for a, grads in zip(adapters, unstack(acc, adapters)):
             a.grads = grads if a.grads is None else jax.tree.map(jnp.add, a.grads, grads)
             a.open = a.open or OpenUpdate(t0, compiled_before)
-    per_datum, logp = np.concatenate(losses), np.concatenate(logps)
+    per_datum = np.concatenate(losses)
     return {"loss": [float(per_datum[i]) for i in range(len(batch))],
-            "logprobs": [logp[i, :n].astype(np.float32) for i, n in enumerate(packed.lengths)],
+            "logprobs": datum_logprobs(np.concatenate(logps), batch),
             "compile_s": compiled, "layout": lay}
+
+
+def datum_logprobs(logp: np.ndarray, batch: TokenBatch) -> list[np.ndarray]:
+    """Each datum's logprobs in its targets' shape ([N], or [N, K]) from the packed [rows, L] or [rows, L, K]."""
+    out = []
+    for i, (x, y) in enumerate(zip(batch.tokens, batch.targets)):
+        values = logp[i, : len(x)]
+        if values.ndim == 2:
+            values = values[:, : np.shape(y)[1]] if np.ndim(y) == 2 else values[:, 0]
+        out.append(values.astype(np.float32))
+    return out
 
 
 def _prepare(cfg: LearnerConfig, batch: TokenBatch, loss: str, config: dict[str, float] | None, sharding: Any,
@@ -113,6 +123,11 @@ def _prepare(cfg: LearnerConfig, batch: TokenBatch, loss: str, config: dict[str,
     rows), the inputs checked against the loss and the floor raised to the batch's shapes."""
     settings = loss_config(loss, config)
     names = TOKEN_LOSSES[loss]
+    if batch.width and loss != "cross_entropy":
+        raise ValueError(f"[N, K] target_tokens (soft targets) are for cross_entropy, not {loss!r}; give [N] targets")
+    if batch.width and cfg.logprob_chunk == 0:
+        raise ValueError("[N, K] target_tokens need learner.logprob_chunk > 0 (the dense reference scores one target "
+                         "per position)")
     for i, inputs in enumerate(batch.inputs or [{}] * len(batch)):
         if missing := [n for n in names if n not in inputs]:
             raise ValueError(f"datum {i}: loss_fn {loss!r} needs loss_fn_inputs {list(names)} besides "

@@ -43,6 +43,7 @@ LANES = {
         "tests/integration/test_bench_smoke.py",
         "tests/integration/test_gemma3_270m.py",
         "tests/integration/test_tenant_pass.py",  # an in-process learner on the tiny model, ~4 min
+        "tests/integration/test_soft_targets.py",  # the same, ~1 min
     ),
     "live2": (
         "tests/integration/test_learner_engine_agreement.py",

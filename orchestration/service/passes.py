@@ -33,7 +33,8 @@ class PassRequest:
 
     @property
     def kind(self) -> tuple:
-        return self.loss, tuple(sorted((self.config or {}).items())), self.forward_only
+        # [N, K] targets take another program (learner/logprobs.py): such a request does not join [N] ones.
+        return self.loss, tuple(sorted((self.config or {}).items())), self.forward_only, self.batch.width > 0
 
 
 RunPass = Callable[[TokenBatch, str, dict[str, float] | None, bool], Awaitable[dict[str, Any]]]

@@ -404,10 +404,10 @@ def check_ids(ids: Any, vocab: int, where: str) -> None:
     """A user error naming `where` and the first id outside 0..vocab-1 (the learner's gather would clamp it to a
     silently wrong number; the engine would fail the request as its own error)."""
     ids = np.asarray(ids, np.int64)
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    bad = np.argwhere((ids < 0) | (ids >= vocab))  # [N] ids, or [N, K] soft targets
     if len(bad):
-        raise UserError(f"{where}: token id {int(ids[bad[0]])} at position {int(bad[0])} is outside the model's "
-                        f"vocabulary (0..{vocab - 1})")
+        raise UserError(f"{where}: token id {int(ids[tuple(bad[0])])} at position {int(bad[0][0])} is outside the "
+                        f"model's vocabulary (0..{vocab - 1})")
 
 
 def check_datum_ids(batch: TokenBatch, vocab: int) -> None:

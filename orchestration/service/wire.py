@@ -102,8 +102,10 @@ def token_batch(request: pb.ForwardBackwardRequest) -> TokenBatch:
         if "target_tokens" not in fields:
             raise UserError(f"datum {i}: no target_tokens in loss_fn_inputs")
         tokens.append(ids)
-        targets.append(fields.pop("target_tokens").astype(np.int64).reshape(-1).tolist())
-        inputs.append({name: np.asarray(v, np.float32).reshape(-1) for name, v in fields.items()})
+        target = fields.pop("target_tokens").astype(np.int64)
+        targets.append((target if target.ndim == 2 else target.reshape(-1)).tolist())  # [N], or [N, K] soft targets
+        inputs.append({name: (lambda a: a if a.ndim == 2 else a.reshape(-1))(np.asarray(v, np.float32))
+                       for name, v in fields.items()})
     if not tokens:
         raise UserError("forward_backward with no datums")
     try:
@@ -113,13 +115,23 @@ def token_batch(request: pb.ForwardBackwardRequest) -> TokenBatch:
 
 
 def forward_backward_output(logprobs: Sequence[np.ndarray], metrics: dict[str, float]) -> bytes:
-    """A ForwardBackwardOutput: each datum's target logprobs (float32) in one ArrayRecord, and the metrics."""
+    """A ForwardBackwardOutput: each datum's target logprobs (float32) in ArrayRecords, and the metrics. A datum's
+    logprobs are [N], or [N, K] for [N, K] targets: consecutive datums of one trailing shape share a record (the
+    SDK reads each record's `trailing_shape`)."""
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", metrics=metrics)
-    record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(logprobs))
-    field = record.fields["logprobs"]
-    field.dtype = pb.DTYPE_FLOAT32
-    field.data = b"".join(np.asarray(lp, "<f4").tobytes() for lp in logprobs)
-    field.offsets = np.cumsum([0] + [np.asarray(lp).size * 4 for lp in logprobs]).astype("<i8").tobytes()
+    runs: list[list[np.ndarray]] = []
+    for lp in (np.asarray(lp, "<f4") for lp in logprobs):
+        if runs and runs[-1][0].shape[1:] == lp.shape[1:]:
+            runs[-1].append(lp)
+        else:
+            runs.append([lp])
+    for run in runs:
+        record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(run))
+        field = record.fields["logprobs"]
+        field.dtype = pb.DTYPE_FLOAT32
+        field.trailing_shape.extend(run[0].shape[1:])
+        field.data = b"".join(lp.tobytes() for lp in run)
+        field.offsets = np.cumsum([0] + [lp.size * 4 for lp in run]).astype("<i8").tobytes()
     return out.SerializeToString()
 
 
