@@ -747,6 +747,37 @@ def test_the_cookbooks_supervised_train_runs_unmodified_with_a_test_split(smol, 
     assert final and final[-1]["state_path"].startswith("tinker://"), final
 
 
+def test_the_cookbooks_off_policy_distillation_runs_unmodified_and_the_student_nears_its_teacher(smol, tmp_path):
+    """tinker-cookbook 0.5.8's off-policy distillation (`distillation.train_off_policy.main`, unmodified;
+    examples/tinker/cookbook_distill.py gives it only the cookbook's conversation-file dataset): the teacher is this
+    server's model with a LoRA trained here on the conversations' answers (a sampler path), the student a fresh LoRA.
+    Every batch holds the same 4 conversations (one conversation repeated), so the soft-target loss of its [N, 5]
+    teacher targets is comparable across steps: the teacher's entropy over them is fixed and what moves is the
+    student's KL to it, which falls. Fails on the old main, which refused [N, K] target_tokens."""
+    service = smol.client()
+    teacher = service.create_lora_training_client(base_model=BASE, rank=8, seed=3).result()
+    tokenizer = teacher.get_tokenizer()
+    rows = [json.loads(line) for line in (ROOT / "examples" / "tinker" / "sft_conversations.jsonl").read_text()
+            .splitlines()]
+    answer = tokenizer.encode(rows[0]["messages"][-1]["content"] + " " + rows[1]["messages"][1]["content"],
+                              add_special_tokens=False)
+    for _ in range(4):
+        teacher.forward_backward([datum(answer, weights=[1.0] * (len(answer) - 1))], "cross_entropy")
+        teacher.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+    teacher_path = teacher.save_weights_for_sampler("teacher").result().path
+    data = tmp_path / "one_conversation.jsonl"
+    data.write_text((json.dumps(rows[0]) + "\n") * 16)
+    log = tmp_path / "distill"
+    run = cookbook(smol, tmp_path, str(ROOT / "examples" / "tinker" / "cookbook_distill.py"), f"model_name={HF_ID}",
+                   f"data_path={data}", f"teacher_path={teacher_path}", f"log_path={log}")
+    assert run.returncode == 0, f"the cookbook's off-policy distillation failed:\n{run.stdout[-2000:]}\n" \
+                                f"{run.stderr[-4000:]}"
+    losses = [row["train/loss:sum"] for row in metric_rows(log) if "train/loss:sum" in row]
+    print(f"\ncookbook off-policy distillation: soft-target loss by step {losses}")
+    assert len(losses) == 4, losses
+    assert losses[-1] < 0.9 * losses[0], f"the student's loss to its teacher's top-5 did not fall: {losses}"
+
+
 # tinker-cookbook 0.5.8's recipes/rl_numerics_check/README.md: kl_sample_train_v1 of healthy runs is about 0.0002 for
 # dense models and 0.001-0.002 for MoE ones; a sampler/trainer mismatch bug showed 0.02-0.16.
 HEALTHY_KL_SAMPLE_TRAIN = 0.002
