@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 
 from learner.token_batch import TokenBatch
 from orchestration.service.passes import LearnerPasses
