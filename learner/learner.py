@@ -181,7 +181,8 @@ class Learner:
                  forward_only: bool) -> dict[str, Any]:
         """A pass over several adapters' datums (`batch.adapters`), each row through its own adapter: {"loss": the
         summed loss, "adapter_loss": per adapter the sum of its datums', "logprobs": per datum}. A lone adapter, or
-        adapters whose LoRA the per-row update cannot stack (Gemma 3's attention einsums), run one pass each."""
+        adapters with LoRA leaves the per-row update does not know (learner/tenant_stack.py RANK_AXIS), run one pass
+        each."""
         names = tuple(dict.fromkeys(batch.adapters))
         adapters = [self._adapter(n) for n in names]
         if len(names) == 1 or not all(stackable(a) for a in adapters):

@@ -1,6 +1,6 @@
 """Per-row LoRA: several adapters in one pass, each row of the batch through its own (several tenants' requests).
 
-In a tenant pass (learner/tenant_pass.py) every LoRA leaf holds the adapters stacked: A [T, k, R], B [T, R, n], each
+In a pass of several adapters (learner/tenant_stack.py) every LoRA leaf holds the adapters stacked: A [T, k, R], B [T, R, n], each
 adapter's rank zero-padded to the pass's R. Row b of the batch uses adapter `rows[b]`, scaled by `scale[b]` (its
 alpha / rank):
 
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator, NamedTuple
-
 import inspect
+from typing import Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
