@@ -1,8 +1,8 @@
 """Per-row LoRA: several adapters in one pass, each row of the batch through its own (several tenants' requests).
 
-In a pass of several adapters (learner/tenant_stack.py) every LoRA leaf holds the adapters stacked: A [T, k, R], B [T, R, n], each
-adapter's rank zero-padded to the pass's R. Row b of the batch uses adapter `rows[b]`, scaled by `scale[b]` (its
-alpha / rank):
+In a pass of several adapters (learner/tenant_stack.py) every LoRA leaf holds the adapters stacked: A [T, k, R],
+B [T, R, n], each adapter's rank zero-padded to the pass's R. Row b of the batch uses adapter `rows[b]`, scaled by
+`scale[b]` (its alpha / rank):
 
     delta[b] = scale[b] * (x[b] @ A[rows[b]]) @ B[rows[b]]
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from learner import train_step as ts
 from learner.adapters import Adapter, split_lora
@@ -56,8 +57,6 @@ def pass_rank(loras: list[LoraConfig]) -> int:
 def stacked_parts(base_graph: tuple, shared: ts.ModelParts, rank: int, targets: tuple[str, ...],
                   mesh: jax.sharding.Mesh) -> ts.ModelParts:
     """The graph of a stack of `rank` over `targets` on the shared base (its own LoRA weights are discarded)."""
-    from flax import nnx
-
     with jax.set_mesh(mesh):
         model = apply_lora(nnx.merge(*base_graph), LoraConfig(rank=rank, alpha=rank, target_modules=targets), 0)
     parts, _ = split_lora(model, shared.hf)

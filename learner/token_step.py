@@ -69,7 +69,8 @@ def tenant_forward_backward(cfg: LearnerConfig, adapters: list[Adapter], stack: 
                             sharding: Any, share: Callable[..., Layout | None], floor: ShapeFloor) -> dict[str, Any]:
     """token_forward_backward for the datums of several adapters in one pass (`batch.adapters` names each datum's;
     `stack` holds them stacked, learner/tenant_stack.py; `fns` caches the stacked graph's programs): {"loss": per
-    datum its summed loss, "logprobs": per datum, "compile_s": seconds spent making the pass's program, "layout": the prompt-sharing layout used or None}; each adapter's gradient is added to its own held one.
+    datum its summed loss, "logprobs": per datum, "compile_s": seconds spent making the pass's program, "layout":
+    the prompt-sharing layout used or None}; each adapter's gradient is added to its own held one.
     Rows share a prompt only with rows of their own adapter (`share(packed, micro, floor, tags)`: the learner's
     prompt-sharing layout, its prompts told apart by adapter slot)."""
     t0, compiled_before = time.perf_counter(), compile_seconds()

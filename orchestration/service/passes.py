@@ -4,9 +4,9 @@ Every training client is an adapter on the one learner, whose calls run one at a
 a pass runs (or within `api.gather_window_s` of the first) wait here; the next pass takes the oldest one and every
 other waiting request of the same loss, settings and kind, one per client, up to `learner.tenant_slots`, as one
 TokenBatch whose datums name their adapters (the learner runs each row through its own: learner/tenant_stack.py).
-Each client gets back its own datums' logprobs and its own summed loss, the same numbers it gets alone
-(tests/integration/test_tinker_tenants.py). A pass that fails runs its requests again one by one, so an error
-reaches only the client whose request caused it.
+Each client gets back its own datums' logprobs and its own summed loss, what it gets alone within float32
+rounding (tests/integration/test_tenant_pass.py, test_tinker_service.py). A pass that fails runs its requests
+again one by one, so an error reaches only the client whose request caused it.
 """
 
 from __future__ import annotations

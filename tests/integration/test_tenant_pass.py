@@ -1,7 +1,7 @@
 """Several adapters in one learner pass (learner/tenant_stack.py, learner/lora_rows.py): a tenant's losses, logprobs
-and updated LoRA are bit for bit what it gets alone, whatever its neighbours' ranks; a tenant of a compiled rank
-joins a pass without a compile. Fails on the old main: a TokenBatch there had no per-datum adapters, and the
-learner one program per adapter."""
+and updated LoRA are what it gets alone within float32 rounding (BOUND), whatever its neighbours' ranks; a tenant of
+a compiled rank joins a pass without a compile. Fails on the old main: a TokenBatch there had no per-datum adapters,
+and the learner one program per adapter."""
 
 from __future__ import annotations
 
@@ -55,14 +55,16 @@ def learner(tiny_model_dir):
     return Learner(LearnerConfig.model_validate({"lora": {"rank": 4, "alpha": 16}}), tiny_model_dir)
 
 
-def fresh(learner: Learner, names: list[str]) -> None:
-    """The adapters `names` as at their creation, their B moved off 0 so every one changes the logprobs."""
+def fresh(learner: Learner, names: list[str]) -> dict[str, list[np.ndarray]]:
+    """The adapters `names` as at their creation, their B moved off 0 so every one changes the logprobs; returns
+    their weights."""
     for name in names:
         learner.drop_adapter(name)
         learner.add_adapter(name, LoraConfig(rank=RANKS[name], alpha=16 if name != "c" else 32), seed=RANKS[name])
         keys = iter(jax.random.split(jax.random.key(RANKS[name]), 1000))
         a = learner.adapters[name]
         a.params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), a.params)
+    return {name: weights(learner, name) for name in names}
 
 
 def batch(clients: dict[str, list], tagged: bool = True) -> TokenBatch:
@@ -76,7 +78,8 @@ def weights(learner: Learner, name: str) -> list[np.ndarray]:
 
 
 def alone_and_together(learner: Learner, clients: dict[str, list], loss: str, forward_only: bool = False):
-    """(per client: (loss, logprobs, LoRA after an optim_step) alone; the same from one pass of all of them)."""
+    """(per client: (loss, logprobs, LoRA after an optim_step) alone; the same from one pass of all of them; each
+    client's LoRA before either)."""
     call = learner.forward if forward_only else learner.forward_backward
     fresh(learner, list(clients))
     alone = {}
@@ -85,7 +88,7 @@ def alone_and_together(learner: Learner, clients: dict[str, list], loss: str, fo
         if not forward_only:
             learner.optim_step(name, ADAM)
         alone[name] = (out["loss"], out["logprobs"], weights(learner, name))
-    fresh(learner, list(clients))
+    created = fresh(learner, list(clients))
     out = call(batch(clients), loss)
     together, start = {}, 0
     for name, ds in clients.items():
@@ -93,7 +96,7 @@ def alone_and_together(learner: Learner, clients: dict[str, list], loss: str, fo
             learner.optim_step(name, ADAM)
         together[name] = (out["adapter_loss"][name], out["logprobs"][start:start + len(ds)], weights(learner, name))
         start += len(ds)
-    return alone, together
+    return alone, together, created
 
 
 def gaps(alone: dict, together: dict) -> dict[str, float]:
@@ -105,23 +108,25 @@ def gaps(alone: dict, together: dict) -> dict[str, float]:
         out["loss"] = max(out["loss"], abs(t_loss - loss) / max(abs(loss), 1e-30))
         out["logprobs"] = max([out["logprobs"], *(float(np.max(np.abs(x - y))) for x, y in zip(t_logprobs, logprobs))])
         out["lora"] = max([out["lora"], *(float(np.max(np.abs(x - y))) for x, y in zip(t_lora, lora))])
-        changed = max(float(np.max(np.abs(x - y))) for x, y in zip(lora, weights_at_creation[name]))
-        assert changed > 100 * BOUND["lora"], f"vacuous: {name}'s LoRA moved by {changed:.1e} only"
     print("alone vs together:", {k: f"{v:.1e}" for k, v in out.items()})
     return out
 
 
-weights_at_creation: dict[str, list[np.ndarray]] = {}
+def assert_moved(alone: dict, created: dict) -> None:
+    """Each client's step moved its LoRA well past the bound the comparison allows (else it compares nothing)."""
+    for name, (_, _, lora) in alone.items():
+        changed = max(float(np.max(np.abs(x - y))) for x, y in zip(lora, created[name]))
+        assert changed > 100 * BOUND["lora"], f"vacuous: {name}'s LoRA moved by {changed:.1e} only"
 
 
 @pytest.mark.parametrize("loss, names", [("cross_entropy", "abc"), ("ppo", "ac")])
-def test_each_tenant_gets_bit_for_bit_what_it_gets_alone(learner, loss, names):
+def test_each_tenant_gets_what_it_gets_alone(learner, loss, names):
     """Three clients of ranks 4, 8, 16 (cross-entropy) and two of ranks 4, 16 (PPO) in one pass: each one's summed
-    loss, per-datum logprobs and LoRA after its own AdamW step equal those of its pass alone, bit for bit."""
+    loss, per-datum logprobs and LoRA after its own AdamW step equal those of its pass alone within BOUND (float32
+    rounding of a batched contraction)."""
     clients = {name: datums(2 + i, seed=i, loss=loss) for i, name in enumerate(names)}
-    fresh(learner, list(clients))
-    weights_at_creation.update({name: weights(learner, name) for name in clients})
-    alone, together = alone_and_together(learner, clients, loss)
+    alone, together, created = alone_and_together(learner, clients, loss)
+    assert_moved(alone, created)
     found = gaps(alone, together)
     assert all(found[k] <= BOUND[k] for k in BOUND), f"a tenant's results moved with its neighbours: {found}"
     logps = [together[name][1][0][-1] for name in clients]
@@ -136,9 +141,8 @@ def test_tenants_share_their_own_prompts_only(learner):
     # long enough that a prompt block saves tokens with the 4-way data-parallel mesh (4 prompt rows at least)
     prompts = [rng.integers(3, 1000, 200).tolist() for _ in range(2)]
     clients = {"a": groups(prompts, 4, seed=1), "c": groups(prompts, 4, seed=2)}
-    fresh(learner, list(clients))
-    weights_at_creation.update({name: weights(learner, name) for name in clients})
-    alone, together = alone_and_together(learner, clients, "importance_sampling")
+    alone, together, created = alone_and_together(learner, clients, "importance_sampling")
+    assert_moved(alone, created)
     found = gaps(alone, together)
     assert all(found[k] <= BOUND[k] for k in BOUND), f"a tenant's results moved with its neighbours: {found}"
     assert learner._layout is not None, "vacuous: the pass shared no prompt"
@@ -146,8 +150,7 @@ def test_tenants_share_their_own_prompts_only(learner):
 
 def test_forward_alone_and_together_agree_and_hold_no_gradient(learner):
     clients = {name: datums(3, seed=10 + i, loss="cross_entropy") for i, name in enumerate("ab")}
-    alone, together = alone_and_together(learner, clients, "cross_entropy", forward_only=True)
-    weights_at_creation.update({n: [w + 1.0 for w in weights(learner, n)] for n in clients})  # a forward moves none
+    alone, together, _ = alone_and_together(learner, clients, "cross_entropy", forward_only=True)
     found = gaps(alone, together)
     assert found["logprobs"] <= BOUND["logprobs"] and found["loss"] <= BOUND["loss"], found
     assert found["lora"] == 0.0
